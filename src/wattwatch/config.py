@@ -1,0 +1,115 @@
+"""Settings from an optional TOML file plus ``WATTWATCH_*`` environment variables. No globals.
+
+Precedence, lowest to highest: defaults, the TOML file (``$WATTWATCH_HOME/wattwatch.toml`` or
+``WATTWATCH_CONFIG``), environment variables, then command-line flags (applied by the CLI with
+``dataclasses.replace``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from wattwatch.errors import ConfigError
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$WATTWATCH_HOME``, else ``~/.local/share/wattwatch``."""
+    env = os.environ if env is None else env
+    raw = env.get("WATTWATCH_HOME")
+    return Path(raw).expanduser() if raw else Path.home() / ".local" / "share" / "wattwatch"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a wattwatch process can be told. Units are in the names."""
+
+    home: Path = field(default_factory=default_home)
+    db_url: str = ""  # empty: embedded SQLite at home/wattwatch.db
+    listen: str = "127.0.0.1:8470"
+    collector_url: str = "http://127.0.0.1:8470"
+    token: str = ""
+    interval_s: float = 1.0
+    push_interval_s: float = 1.0
+    host: str = ""  # empty: the machine's hostname
+    # Carbon: gCO2e = kWh x PUE x grid intensity.
+    grid_intensity_g_per_kwh: float = 400.0
+    pue: float = 1.0
+    # Finished jobs leave /metrics after this long, so label cardinality stays bounded.
+    metrics_retention_s: float = 3600.0
+
+    @property
+    def socket_path(self) -> Path:
+        """The agent's Unix socket for the SDK and ``wattwatch run``."""
+        return self.home / "agent.sock"
+
+    @property
+    def resolved_db_url(self) -> str:
+        """``db_url`` or the embedded SQLite database under ``home``."""
+        return self.db_url or f"sqlite:///{self.home / 'wattwatch.db'}"
+
+    def listen_host_port(self) -> tuple[str, int]:
+        """Split ``listen`` (``HOST:PORT``) with a clear error."""
+        return parse_listen(self.listen)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``"127.0.0.1:8470"`` -> ``("127.0.0.1", 8470)``; raises ConfigError saying what is expected."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen address {text!r} is not HOST:PORT; use e.g. 127.0.0.1:8470")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+_ENV = {
+    "db_url": "WATTWATCH_DB",
+    "listen": "WATTWATCH_LISTEN",
+    "collector_url": "WATTWATCH_COLLECTOR",
+    "token": "WATTWATCH_TOKEN",
+    "interval_s": "WATTWATCH_INTERVAL",
+    "push_interval_s": "WATTWATCH_PUSH_INTERVAL",
+    "host": "WATTWATCH_HOST",
+    "grid_intensity_g_per_kwh": "WATTWATCH_GRID_INTENSITY",
+    "pue": "WATTWATCH_PUE",
+    "metrics_retention_s": "WATTWATCH_METRICS_RETENTION",
+}
+
+
+def load_settings(env: Mapping[str, str] | None = None, config_file: Path | None = None) -> Settings:
+    """Build Settings from defaults, the TOML file and the environment; raise ConfigError naming the bad key."""
+    env = os.environ if env is None else env
+    home = default_home(env)
+    values: dict[str, object] = {"home": home}
+    path = config_file or Path(env.get("WATTWATCH_CONFIG", home / "wattwatch.toml"))
+    if path.exists():
+        try:
+            values.update(tomllib.loads(path.read_text()))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML ({exc}); fix or remove it") from None
+    for name, var in _ENV.items():
+        if var in env:
+            values[name] = env[var]
+    return _coerce(values, source=str(path))
+
+
+def _coerce(values: Mapping[str, object], source: str) -> Settings:
+    known = {f.name: f for f in fields(Settings)}
+    kwargs: dict[str, object] = {}
+    for name, raw in values.items():
+        if name not in known:
+            raise ConfigError(f"unknown setting {name!r} in {source}; known: {', '.join(sorted(known))}")
+        default = getattr(Settings(home=Path(".")), name)
+        try:
+            if isinstance(default, float):
+                value: object = float(raw)  # type: ignore[arg-type]
+            elif isinstance(default, Path):
+                value = Path(str(raw)).expanduser()
+            else:
+                value = str(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"setting {name!r} = {raw!r} is not a number; e.g. {name} = {default}") from None
+        kwargs[name] = value
+    return Settings(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Power and energy sources, one module each, behind the ``Sensor`` protocol of ``base``."""

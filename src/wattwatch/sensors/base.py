@@ -1,0 +1,71 @@
+"""The Sensor protocol: every source presents cumulative joules per device.
+
+A sensor hides its hardware's quirks (NVML millijoules, RAPL wraparound, counter resets, power-only
+devices it must integrate) behind one promise: ``read()`` returns, per device, a cumulative energy in
+joules that never goes down, and the sampler turns consecutive readings into interval energy by
+subtraction. The origin of the cumulative value is arbitrary; only differences mean anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from wattwatch.units import DeviceKind, Source
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A measured device. ``key`` is unique on the host: ``gpu0``, ``cpu0`` (package 0), ``dram0``."""
+
+    key: str
+    kind: DeviceKind
+    index: int
+    uuid: str | None = None
+    model: str | None = None
+    power_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
+class EnergyReading:
+    """Cumulative energy of one device as of ``t_s`` (Unix seconds).
+
+    ``energy_j`` is monotonic per device. ``flags`` names anything the consumer should know about the
+    energy added since the previous reading (``counter_reset``: bridged from power after a reset;
+    ``boundary_unrefined``: a boundary read that could not be pinned to the counter's update).
+    """
+
+    device: str
+    t_s: float
+    energy_j: float
+    source: Source
+    flags: tuple[str, ...] = field(default=())
+
+
+@runtime_checkable
+class Sensor(Protocol):
+    """A source of cumulative energy for one or more devices."""
+
+    name: str
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """The devices this sensor measures (fixed for the sensor's lifetime)."""
+        ...
+
+    def read(self) -> list[EnergyReading]:
+        """Cumulative energy of every device, now. Cheap: called on every tick."""
+        ...
+
+    def read_at(self, t_s: float) -> list[EnergyReading]:
+        """Cumulative energy of every device as of ``t_s`` (a moment just past, ``t_s <= now``).
+
+        Called at job boundaries, where attribution changes, so it should be as exact as the
+        hardware allows (for NVML: wait for the counter's next update and correct by the instant
+        power for the time since ``t_s``). Readings are stamped ``t_s``.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the hardware handle; idempotent."""
+        ...

@@ -1,0 +1,173 @@
+"""The versioned batch format agents push to the collector. The ONLY module agent and collector share.
+
+A batch is idempotent by ``(agent_id, seq)``: the collector stores each key once, so an agent may
+retry a push as often as it likes and several collector replicas may receive the same batch.
+
+Intervals carry the energy a device used between two reads of its counter, and who held the device
+during that interval (``shares``: job id -> weight). The collector, not the agent, turns weights into
+joules (``wattwatch.accounting``), so the arithmetic that conserves energy lives in one place.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from typing import Annotated, TypeVar
+
+import msgspec
+
+from wattwatch.units import DeviceKind, JobKind, Source
+
+WIRE_VERSION = 1
+T = TypeVar("T")
+
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+Epoch_s = Annotated[float, msgspec.Meta(ge=0.0, le=1.0e10)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+Key = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$")]
+
+
+class Device(msgspec.Struct, forbid_unknown_fields=True):
+    """One measured device on the agent's host. ``key`` is unique per host (``gpu0``, ``cpu0``)."""
+
+    key: Key
+    kind: DeviceKind
+    index: NonNegInt = 0
+    uuid: str | None = None
+    model: str | None = None
+    power_limit_w: NonNegFloat | None = None
+
+
+class Interval(msgspec.Struct, forbid_unknown_fields=True):
+    """Energy one device used in ``[t_start_s, t_end_s]`` and the jobs that held it then.
+
+    ``shares`` maps job id to a non-negative weight; ``idle_weight`` is the part nobody held
+    (used for CPU packages, where jobs hold only part of the machine). With no shares at all
+    the whole interval is idle. ``flags`` records anything unusual (``counter_reset``).
+    """
+
+    device: Key
+    t_start_s: Epoch_s
+    t_end_s: Epoch_s
+    energy_j: NonNegFloat
+    source: Source
+    shares: dict[Key, NonNegFloat] = {}
+    idle_weight: NonNegFloat = 0.0
+    flags: list[str] = []
+
+    def __post_init__(self) -> None:
+        if self.t_end_s < self.t_start_s:
+            raise ValueError("@t_end_s: must not be earlier than t_start_s")
+        # msgspec rejects NaN in JSON, but a msgpack body or a Python caller could still send one.
+        if not math.isfinite(self.energy_j):
+            raise ValueError("@energy_j: must be finite")
+
+
+class Job(msgspec.Struct, forbid_unknown_fields=True):
+    """A job as one host sees it: sent at start (``ended_at_s`` null) and again at end."""
+
+    id: Key
+    name: Name
+    kind: JobKind = "other"
+    started_at_s: Epoch_s = 0.0
+    ended_at_s: Epoch_s | None = None
+    devices: list[Key] = []
+    labels: dict[str, str] = {}
+    pid: NonNegInt | None = None
+
+    def __post_init__(self) -> None:
+        if self.ended_at_s is not None and self.ended_at_s < self.started_at_s:
+            raise ValueError("@ended_at_s: must not be earlier than started_at_s")
+
+
+class Query(msgspec.Struct, forbid_unknown_fields=True):
+    """One inference request served by ``job`` between ``t_start_s`` and ``t_end_s``."""
+
+    job: Key
+    t_start_s: Epoch_s
+    t_end_s: Epoch_s
+    tokens_in: NonNegInt = 0
+    tokens_out: NonNegInt = 0
+
+    def __post_init__(self) -> None:
+        if self.t_end_s < self.t_start_s:
+            raise ValueError("@t_end_s: must not be earlier than t_start_s")
+
+
+class Batch(msgspec.Struct, forbid_unknown_fields=True):
+    """What an agent pushes: everything it measured since its previous batch."""
+
+    agent_id: Key
+    seq: NonNegInt
+    host: Name
+    version: int = WIRE_VERSION
+    sent_at_s: Epoch_s = 0.0
+    devices: list[Device] = []
+    intervals: list[Interval] = []
+    jobs: list[Job] = []
+    queries: list[Query] = []
+
+    def __post_init__(self) -> None:
+        if self.version != WIRE_VERSION:
+            raise ValueError(f"@version: unsupported wire version {self.version}; this collector speaks {WIRE_VERSION}")
+        known = {d.key for d in self.devices}
+        for i, iv in enumerate(self.intervals):
+            if iv.device not in known:
+                raise ValueError(f"@intervals[{i}].device: {iv.device!r} is not listed in devices")
+
+
+_encoder = msgspec.json.Encoder()
+_batch_decoder = msgspec.json.Decoder(Batch)
+
+
+def encode(obj: object) -> bytes:
+    """Encode a wire object (or any msgspec-encodable value) as JSON bytes."""
+    return _encoder.encode(obj)
+
+
+def decode_batch(body: bytes, content_encoding: str | None = None) -> Batch:
+    """Decode (and gunzip, if asked) a batch; raises ``WireError`` naming the offending field."""
+    if content_encoding and content_encoding.lower() == "gzip":
+        try:
+            body = gzip.decompress(body)
+        except (OSError, EOFError) as exc:
+            raise WireError("body", f"Content-Encoding is gzip but the body is not valid gzip: {exc}") from None
+    return decode_as(body, Batch)
+
+
+class WireError(ValueError):
+    """A body that does not fit the wire format. ``field`` is a dotted path such as ``intervals[0].energy_j``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def decode_as(body: bytes, typ: type[T]) -> T:
+    """Decode JSON ``body`` as ``typ``, turning msgspec's errors into a ``WireError`` with the field path."""
+    try:
+        return msgspec.json.decode(body, type=typ)
+    except msgspec.ValidationError as exc:
+        raise WireError(*_split_msgspec_error(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise WireError("body", f"not valid JSON: {exc}") from None
+
+
+def _split_msgspec_error(text: str) -> tuple[str, str]:
+    """``"Expected int - at `$.a[0].b`"`` -> ``("a[0].b", "Expected int")``; names missing/unknown fields."""
+    message, sep, where = text.rpartition(" - at `")
+    if not sep:
+        return "body", text
+    path = where.rstrip("`").removeprefix("$").lstrip(".")
+    # msgspec reports missing/unknown fields at the parent path; put the field's own name in the path.
+    # Our own __post_init__ checks name their field as "@field: message".
+    if message.startswith("@") and ": " in message:
+        name, message = message[1:].split(": ", 1)
+        path = f"{path}.{name}" if path else name
+    for marker in ("missing required field `", "unknown field `"):
+        if marker in message:
+            name = message.split(marker, 1)[1].split("`", 1)[0]
+            path = f"{path}.{name}" if path else name
+    return path or "body", message

@@ -57,10 +57,7 @@ def parse_duration_s(text: str) -> float:
     factors = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
     raw = text.strip().lower()
     try:
-        if raw and raw[-1] in factors:
-            value = float(raw[:-1]) * factors[raw[-1]]
-        else:
-            value = float(raw)
+        value = float(raw[:-1]) * factors[raw[-1]] if raw and raw[-1] in factors else float(raw)
     except ValueError:
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 15m, 12h or 7d") from None
     if value < 0:

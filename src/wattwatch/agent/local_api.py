@@ -1,0 +1,115 @@
+"""The agent's Unix-socket API for the SDK and ``wattwatch run``: one JSON object per line.
+
+Requests (``op`` names the operation; ``noreply: true`` makes it fire-and-forget):
+
+    {"op": "ping"}
+    {"op": "job_start", "id": "...", "name": "...", "kind": "training", "labels": {}, "pid": 123,
+     "cuda_visible_devices": "0,1" | null}
+    {"op": "job_end", "id": "..."}
+    {"op": "query", "job": "...", "t_start_s": 1.0, "t_end_s": 2.0, "tokens_in": 5, "tokens_out": 9,
+     "noreply": true}
+
+Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "what to fix"}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from wattwatch.errors import ConfigError, WattwatchError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+MAX_LINE_BYTES = 1 << 20
+
+
+class LocalApi:
+    """Serves ``handler`` on a Unix socket at ``path`` from a small thread pool."""
+
+    def __init__(self, path: Path, handler: Handler) -> None:
+        self.path = path
+        self._handler = handler
+        self._server: socketserver.ThreadingUnixStreamServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind the socket (replacing a stale one) and serve in a background thread."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            if _is_listening(self.path):
+                raise ConfigError(
+                    f"another wattwatch agent already listens on {self.path}; stop it, or set "
+                    "WATTWATCH_HOME to a different directory for this one"
+                )
+            self.path.unlink()  # left behind by an agent that died
+        handler = self._handler
+
+        class _Conn(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for raw in self.rfile:
+                    if len(raw) > MAX_LINE_BYTES:
+                        break
+                    reply = _dispatch(handler, raw)
+                    if reply is not None:
+                        try:
+                            self.wfile.write(json.dumps(reply).encode() + b"\n")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+
+        server = socketserver.ThreadingUnixStreamServer(str(self.path), _Conn)
+        server.daemon_threads = True
+        # Owner and group only: other local users must not tag jobs on this host.
+        os.chmod(self.path, 0o660)
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="wattwatch-local-api", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket file; idempotent."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def _dispatch(handler: Handler, raw: bytes) -> dict[str, Any] | None:
+    try:
+        msg = json.loads(raw)
+        if not isinstance(msg, dict):
+            raise ValueError("a request is a JSON object")
+    except ValueError as exc:
+        return {"ok": False, "error": f"bad request: {exc}"}
+    noreply = bool(msg.get("noreply"))
+    try:
+        reply = handler(msg)
+    except WattwatchError as exc:
+        reply = {"ok": False, "error": str(exc)}
+    except Exception as exc:  # never let one request kill the connection thread
+        log.exception("local API request %r failed", msg.get("op"))
+        reply = {"ok": False, "error": f"internal error: {exc}"}
+    return None if noreply else reply
+
+
+def _is_listening(path: Path) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(0.5)
+    try:
+        sock.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()

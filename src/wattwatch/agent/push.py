@@ -1,0 +1,107 @@
+"""Pushes spooled batches to the collector over HTTP, oldest first, with backoff.
+
+A batch leaves the spool only when the collector answered 2xx (stored, or already stored: batches
+are idempotent by key). A 4xx other than auth means the batch itself is bad and retrying cannot help:
+it is set aside (never silently dropped). Anything else is retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from wattwatch.agent.spool import Spool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PushStats:
+    """Counters for the agent's self-metrics."""
+
+    pushed: int = 0
+    failures: int = 0
+    refused: int = 0
+    last_error: str = ""
+
+
+class Pusher:
+    """Sends batches from a Spool to ``{collector_url}/api/v1/ingest``."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        collector_url: str,
+        *,
+        token: str = "",
+        client: httpx.Client | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        self.spool = spool
+        self.url = collector_url.rstrip("/") + "/api/v1/ingest"
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = client or httpx.Client(timeout=10.0)
+        self._headers = headers
+        self._clock = clock
+        self._max_backoff_s = max_backoff_s
+        self._backoff_s = 0.0
+        self._not_before = 0.0
+        self.stats = PushStats()
+
+    def push_pending(self, *, force: bool = False) -> bool:
+        """Push until the spool is empty or a push fails; True when the spool was drained.
+
+        During backoff nothing is attempted unless ``force`` (used once at shutdown).
+        """
+        if not force and self._clock() < self._not_before:
+            return False
+        while True:
+            batch = self.spool.peek(limit=8)
+            if not batch:
+                return True
+            for seq, body in batch:
+                if not self._push_one(seq, body):
+                    return False
+
+    def _push_one(self, seq: int, body: bytes) -> bool:
+        try:
+            resp = self._client.post(self.url, content=gzip.compress(body, compresslevel=5), headers=self._headers)
+        except httpx.HTTPError as exc:
+            self._fail(f"collector {self.url} unreachable: {exc}")
+            return False
+        if resp.is_success:
+            self.spool.ack(seq)
+            self.stats.pushed += 1
+            self._backoff_s = 0.0
+            return True
+        if resp.status_code in (401, 403):
+            self._fail(f"collector refused our token (HTTP {resp.status_code}); check --token / WATTWATCH_TOKEN")
+            return False
+        if 400 <= resp.status_code < 500 and resp.status_code not in (408, 409, 429):
+            reason = f"HTTP {resp.status_code}: {resp.text[:500]}"
+            log.error("collector refused batch %d for good (%s); kept aside in %s", seq, reason, self.spool.path)
+            self.spool.bury(seq, reason)
+            self.stats.refused += 1
+            return True
+        self._fail(f"collector answered HTTP {resp.status_code}")
+        return False
+
+    def _fail(self, message: str) -> None:
+        self.stats.failures += 1
+        if message != self.stats.last_error:
+            log.warning("%s; batches stay spooled and will be retried", message)
+        self.stats.last_error = message
+        self._backoff_s = min(max(self._backoff_s * 2, 0.5), self._max_backoff_s)
+        self._not_before = self._clock() + self._backoff_s
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self._client.close()

@@ -1,0 +1,430 @@
+"""The ``wattwatch`` command line. Nothing imports this module.
+
+Exit codes: 0 success; 2 a usage or setup problem, reported in one line that says what to fix;
+``wattwatch run`` exits with its command's own code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from wattwatch import __version__
+from wattwatch.config import Settings, load_settings, parse_listen
+from wattwatch.errors import WattwatchError
+from wattwatch.units import JOB_KINDS, parse_duration_s
+
+
+class UsageError(Exception):
+    """A flag or argument the user must fix; printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line naming the fix, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
+def _fmt() -> type[argparse.RawDescriptionHelpFormatter]:
+    return argparse.RawDescriptionHelpFormatter
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (every command has --help with an example)."""
+    p = _Parser(
+        prog="wattwatch",
+        formatter_class=_fmt(),
+        description="Energy and power measurement for AI workloads: joules per training run and per query.",
+        epilog="""examples:
+  wattwatch demo                         simulated GPUs, synthetic jobs, then a report
+  wattwatch up --simulate 4              collector + agent on this machine (embedded SQLite)
+  wattwatch run --kind training --name llama-ft -- python train.py
+  wattwatch report --since 7d --format json""",
+    )
+    p.add_argument("--version", action="version", version=f"wattwatch {__version__}")
+    p.add_argument("--home", help="state directory (default $WATTWATCH_HOME or ~/.local/share/wattwatch)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    up = sub.add_parser(
+        "up",
+        help="collector + local agent in one process (embedded SQLite by default)",
+        formatter_class=_fmt(),
+        epilog="example:\n  wattwatch up --simulate 4 --listen 127.0.0.1:8470",
+    )
+    _add_db(up)
+    _add_listen(up)
+    up.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
+    up.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
+
+    demo = sub.add_parser(
+        "demo",
+        help="`up` with simulated GPUs running synthetic training and inference jobs",
+        formatter_class=_fmt(),
+        epilog="example:\n  wattwatch demo --duration 20",
+    )
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds to run before printing the report (default 30; 0 runs until Ctrl-C)",
+    )
+    _add_db(demo)
+    _add_listen(demo)
+
+    col = sub.add_parser(
+        "collector",
+        help="the central service (PostgreSQL in production)",
+        formatter_class=_fmt(),
+        epilog="example:\n  wattwatch collector --db postgresql://wattwatch@db/wattwatch --listen 0.0.0.0:8470",
+    )
+    _add_db(col)
+    _add_listen(col)
+    col.add_argument("--token", help="require this bearer token from agents and readers")
+    col.add_argument("--migrate", action="store_true", help="apply database migrations before serving")
+
+    ag = sub.add_parser(
+        "agent",
+        help="the per-host sidecar that measures and pushes to a collector",
+        formatter_class=_fmt(),
+        epilog="example:\n  wattwatch agent --collector http://collector:8470 --interval 1",
+    )
+    ag.add_argument("--collector", metavar="URL", help="collector base URL (default http://127.0.0.1:8470)")
+    ag.add_argument("--token", help="bearer token for the collector")
+    ag.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
+    ag.add_argument("--host", help="host name to report (default: this machine's)")
+    ag.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
+
+    run = sub.add_parser(
+        "run",
+        help="run a command as a tagged job",
+        formatter_class=_fmt(),
+        epilog="examples:\n  wattwatch run --kind training --name llama-ft -- python train.py\n"
+        "  CUDA_VISIBLE_DEVICES=2 wattwatch run --kind inference --name chat -- vllm serve m",
+    )
+    run.add_argument("--kind", choices=JOB_KINDS, default="other", help="training, inference or other")
+    run.add_argument("--name", help="job name (default: the command)")
+    run.add_argument("--label", action="append", default=[], metavar="K=V", help="add a label (repeatable)")
+    run.add_argument("--job-id", help="join this job id (default $WATTWATCH_JOB or a new id)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+    rep = sub.add_parser(
+        "report",
+        help="per-job energy summaries",
+        formatter_class=_fmt(),
+        epilog="examples:\n  wattwatch report --since 7d\n"
+        "  wattwatch report --server http://collector:8470 --kind inference --format json",
+    )
+    src = rep.add_mutually_exclusive_group()
+    src.add_argument("--server", metavar="URL", help="ask a running collector")
+    src.add_argument("--db", metavar="URL", help="read a database directly (default: the embedded one)")
+    rep.add_argument("--job", metavar="ID", help="only this job")
+    rep.add_argument("--kind", choices=JOB_KINDS, help="only jobs of this kind")
+    rep.add_argument("--since", metavar="DURATION", help="only jobs active in this window, e.g. 7d, 12h")
+    rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
+    rep.add_argument("--token", help="bearer token for --server")
+
+    sub.add_parser(
+        "doctor",
+        help="which sensors work here, and why the others don't",
+        formatter_class=_fmt(),
+        epilog="example:\n  wattwatch doctor",
+    )
+
+    db = sub.add_parser(
+        "db",
+        help="database maintenance",
+        formatter_class=_fmt(),
+        epilog="example:\n  wattwatch db upgrade --db postgresql://wattwatch@db/wattwatch",
+    )
+    dbsub = db.add_subparsers(dest="db_command", metavar="ACTION", parser_class=_Parser)
+    upg = dbsub.add_parser(
+        "upgrade",
+        help="create or migrate the schema to this version",
+        formatter_class=_fmt(),
+        epilog="example:\n  wattwatch db upgrade --db sqlite:///w.db",
+    )
+    _add_db(upg)
+    return p
+
+
+def _add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="URL", help="database URL (default: embedded SQLite under $WATTWATCH_HOME)")
+
+
+def _add_listen(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", metavar="HOST:PORT", help="where the collector listens (default 127.0.0.1:8470)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``wattwatch`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    try:
+        if args.home:
+            os.environ["WATTWATCH_HOME"] = str(Path(args.home).expanduser())
+        settings = _settings_from(args)
+        return _dispatch(args, settings)
+    except (UsageError, WattwatchError) as exc:
+        sys.stderr.write(f"wattwatch {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    settings = load_settings()
+    changes: dict[str, Any] = {}
+    if getattr(args, "db", None):
+        changes["db_url"] = args.db
+    if getattr(args, "listen", None):
+        parse_listen(args.listen)
+        changes["listen"] = args.listen
+        if args.command in ("up", "demo"):
+            host, port = parse_listen(args.listen)
+            changes["collector_url"] = f"http://{host}:{port}"
+    if getattr(args, "interval", None) is not None:
+        if not 0.05 <= args.interval <= 3600:
+            raise UsageError(f"--interval {args.interval} is out of range; use 0.05 to 3600 seconds")
+        changes["interval_s"] = args.interval
+    if args.command == "agent":
+        if args.collector:
+            if not args.collector.startswith(("http://", "https://")):
+                raise UsageError(f"--collector {args.collector!r} is not a URL; use e.g. http://collector:8470")
+            changes["collector_url"] = args.collector
+        if args.host:
+            changes["host"] = args.host
+    if getattr(args, "token", None) and args.command in ("agent", "collector"):
+        changes["token"] = args.token
+    return dataclasses.replace(settings, **changes)
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    cmd = args.command
+    if cmd == "up":
+        from wattwatch.standalone import run_up
+
+        _check_simulate(args.simulate)
+        run_up(settings, simulate=args.simulate)
+        return 0
+    if cmd == "demo":
+        return _demo(args, settings)
+    if cmd == "collector":
+        from wattwatch.standalone import run_collector
+
+        run_collector(settings, migrate=args.migrate)
+        return 0
+    if cmd == "agent":
+        from wattwatch.standalone import run_agent
+
+        _check_simulate(args.simulate)
+        run_agent(settings, simulate=args.simulate)
+        return 0
+    if cmd == "run":
+        return _run(args, settings)
+    if cmd == "report":
+        return _report(args, settings)
+    if cmd == "doctor":
+        return _doctor()
+    if cmd == "db":
+        if args.db_command != "upgrade":
+            raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
+        from wattwatch.storage.migrate import upgrade
+
+        if not settings.db_url:
+            settings.home.mkdir(parents=True, exist_ok=True)
+        upgrade(settings.resolved_db_url)
+        print(f"wattwatch db: {settings.resolved_db_url} is at the current schema")
+        return 0
+    raise UsageError(f"unknown command {cmd!r}")
+
+
+def _check_simulate(n: int) -> None:
+    if not 0 <= n <= 64:
+        raise UsageError(f"--simulate {n} is out of range; simulate 1 to 64 GPUs (0: none)")
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from wattwatch import demo
+    from wattwatch.report import render
+    from wattwatch.standalone import run_up
+    from wattwatch.storage.engine import check_ready
+    from wattwatch.storage.repository import build_report
+
+    if args.duration < 0:
+        raise UsageError("--duration must be 0 (until Ctrl-C) or a number of seconds")
+    started_s = time.time()
+    print(
+        f"wattwatch demo: {demo.DEMO_GPUS} simulated GPUs; training on GPU 0-1, inference on GPU 2, "
+        f"GPU 3 idle; running {'until Ctrl-C' if not args.duration else f'{args.duration:g} s'}"
+    )
+    run_up(settings, simulate=demo.DEMO_GPUS, driver=demo.drive, duration_s=args.duration or None)
+    engine = check_ready(settings.resolved_db_url)
+    try:
+        report = build_report(
+            engine, since_s=started_s, grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh, pue=settings.pue
+        )
+    finally:
+        engine.dispose()
+    report["jobs"] = [j for j in report["jobs"] if str(j["id"]).startswith("demo-")]
+    print()
+    print(render(report, "table"))
+    print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `wattwatch report`.")
+    return 0
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from wattwatch.sdk import AgentClient
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command given; put it after --, e.g. `wattwatch run --kind training -- python train.py`")
+    labels: dict[str, str] = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--label {item!r} is not K=V; use e.g. --label team=nlp")
+        labels[key] = value
+    job_id = args.job_id or os.environ.get("WATTWATCH_JOB") or uuid.uuid4().hex
+    client = AgentClient(settings.socket_path, timeout_s=2.0)
+    started = False
+    try:
+        reply = client.request(
+            {
+                "op": "job_start",
+                "id": job_id,
+                "name": args.name or Path(cmd[0]).name,
+                "kind": args.kind,
+                "labels": labels,
+                "pid": os.getpid(),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            }
+        )
+        if reply.get("ok"):
+            started = True
+            if reply.get("warning"):
+                sys.stderr.write(f"wattwatch run: warning: {reply['warning']}\n")
+        else:
+            raise UsageError(f"the agent refused the job: {reply.get('error')}")
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(
+            f"wattwatch run: warning: no agent at {settings.socket_path} ({exc}); running the "
+            "command unmeasured. Start one with `wattwatch up` or `wattwatch agent`.\n"
+        )
+    env = {**os.environ, "WATTWATCH_JOB": job_id, "WATTWATCH_KIND": args.kind}
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        if started:
+            client.request({"op": "job_end", "id": job_id})
+        raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    if started:
+        try:
+            client.request({"op": "job_end", "id": job_id})
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"wattwatch run: warning: could not tell the agent the job ended ({exc})\n")
+    client.close()
+    return code if code >= 0 else 128 - code
+
+
+def _report(args: argparse.Namespace, settings: Settings) -> int:
+    from wattwatch.report import render
+
+    since_s = None
+    if args.since:
+        try:
+            since_s = time.time() - parse_duration_s(args.since)
+        except ValueError as exc:
+            raise UsageError(f"--since: {exc}") from None
+    if args.server:
+        report = _report_from_server(args)
+    else:
+        from wattwatch.storage.engine import check_ready
+        from wattwatch.storage.repository import build_report
+
+        engine = check_ready(args.db or settings.resolved_db_url)
+        try:
+            report = build_report(
+                engine,
+                since_s=since_s,
+                job_id=args.job,
+                kind=args.kind,
+                grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
+                pue=settings.pue,
+            )
+        finally:
+            engine.dispose()
+    if args.job and not report["jobs"]:
+        raise UsageError(f"no job {args.job!r} in this database; list jobs with `wattwatch report`")
+    print(render(report, args.format))
+    return 0
+
+
+def _report_from_server(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    params = {k: v for k, v in (("job", args.job), ("kind", args.kind), ("since", args.since)) if v}
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    url = args.server.rstrip("/") + "/api/v1/report"
+    try:
+        resp = httpx.get(url, params=params, headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        raise UsageError(f"collector at {args.server} unreachable ({exc}); check --server") from None
+    if resp.status_code != 200:
+        raise UsageError(f"collector answered HTTP {resp.status_code}: {resp.text[:200]}")
+    result: dict[str, Any] = resp.json()
+    return result
+
+
+def _doctor() -> int:
+    from wattwatch.sensors.discovery import discover
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = discover()
+    for sensor in found.sensors:
+        devices = ", ".join(f"{d.key} ({d.model or d.kind})" for d in sensor.devices())
+        print(f"ok    {sensor.name:10s} {devices}")
+    for skipped in found.skipped:
+        print(f"skip  {skipped.name:10s} {skipped.reason}")
+        if skipped.fix:
+            print(f"      {'':10s} fix: {skipped.fix}")
+    for sensor in found.sensors:
+        sensor.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

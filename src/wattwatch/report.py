@@ -1,0 +1,165 @@
+"""Renders the report dict (``storage.repository.build_report`` / ``GET /api/v1/report``) for people.
+
+Formats: ``table`` (terminal), ``json`` (the contract of DESIGN.md), ``csv`` and ``markdown``.
+Estimated energy is marked as such: a source column shows where each job's joules came from.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+FORMATS = ("table", "json", "csv", "markdown")
+
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "JOB"),
+    ("name", "NAME"),
+    ("kind", "KIND"),
+    ("status", "STATUS"),
+    ("duration_s", "DURATION"),
+    ("energy_j", "ENERGY"),
+    ("gpu_energy_j", "GPU"),
+    ("cpu_energy_j", "CPU"),
+    ("avg_power_w", "AVG W"),
+    ("peak_power_w", "PEAK W"),
+    ("queries", "QUERIES"),
+    ("energy_per_query_j", "J/QUERY"),
+    ("emissions_g", "CO2e g"),
+    ("sources", "SOURCES"),
+)
+
+_CSV_FIELDS = (
+    "id",
+    "name",
+    "kind",
+    "started_at",
+    "ended_at",
+    "duration_s",
+    "hosts",
+    "devices",
+    "energy_j",
+    "gpu_energy_j",
+    "cpu_energy_j",
+    "dram_energy_j",
+    "avg_power_w",
+    "peak_power_w",
+    "queries",
+    "tokens",
+    "energy_per_query_j",
+    "energy_per_token_j",
+    "emissions_g",
+    "sources",
+)
+
+
+def render(report: Mapping[str, Any], fmt: str = "table") -> str:
+    """Render ``report`` in one of ``FORMATS``."""
+    if fmt == "json":
+        return json.dumps(report, indent=2, sort_keys=False)
+    if fmt == "csv":
+        return _csv(report)
+    if fmt == "markdown":
+        return _markdown(report)
+    if fmt == "table":
+        return _table(report)
+    raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+def format_energy(energy_j: float | None) -> str:
+    """Joules in a readable unit: ``812 J``, ``45.2 kJ``, ``3.41 kWh``."""
+    if energy_j is None:
+        return "-"
+    if energy_j >= 3.6e6:
+        return f"{energy_j / 3.6e6:.3g} kWh"
+    if energy_j >= 1e4:
+        return f"{energy_j / 1e3:.3g} kJ"
+    if energy_j >= 10:
+        return f"{energy_j:.0f} J"
+    return f"{energy_j:.3g} J"
+
+
+def format_duration(duration_s: float | None) -> str:
+    """Seconds as ``42.0s``, ``12m03s``, ``5h07m``."""
+    if duration_s is None:
+        return "-"
+    if duration_s < 60:
+        return f"{duration_s:.1f}s"
+    if duration_s < 3600:
+        return f"{int(duration_s // 60)}m{int(duration_s % 60):02d}s"
+    return f"{int(duration_s // 3600)}h{int(duration_s % 3600 // 60):02d}m"
+
+
+def _cell(job: Mapping[str, Any], key: str) -> str:
+    value = job.get(key)
+    if key == "id":
+        return str(value)[:12]
+    if key == "status":
+        return "running" if job.get("ended_at") is None else "done"
+    if key == "duration_s":
+        return format_duration(value)
+    if key.endswith("energy_j") or key == "energy_per_query_j":
+        return format_energy(value)
+    if key.endswith("power_w"):
+        return "-" if value is None else f"{value:.0f}"
+    if key == "emissions_g":
+        return "-" if value is None else f"{value:.3g}"
+    if key == "sources":
+        return ",".join(value or [])
+    return "-" if value is None else str(value)
+
+
+def _rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = [title for _, title in _COLUMNS]
+    rows = [[_cell(job, key) for key, _ in _COLUMNS] for job in report.get("jobs", [])]
+    return header, rows
+
+
+def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _idle_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    return [[str(i["host"]), str(i["device"]), format_energy(i["energy_j"])] for i in report.get("idle", [])]
+
+
+def _table(report: Mapping[str, Any]) -> str:
+    header, rows = _rows(report)
+    parts = [_grid(header, rows) if rows else "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."]
+    idle = _idle_rows(report)
+    if idle:
+        parts += ["", "Idle energy (held by no job):", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
+    if any("estimate" in (j.get("sources") or []) for j in report.get("jobs", [])):
+        parts += ["", "Note: 'estimate' energy comes from a TDP model (no RAPL counter here), not a measurement."]
+    return "\n".join(parts)
+
+
+def _markdown(report: Mapping[str, Any]) -> str:
+    header, rows = _rows(report)
+
+    def md(h: Sequence[str], rs: Sequence[Sequence[str]]) -> list[str]:
+        return ["| " + " | ".join(h) + " |", "|" + "---|" * len(h)] + ["| " + " | ".join(r) + " |" for r in rs]
+
+    lines = md(header, rows)
+    idle = _idle_rows(report)
+    if idle:
+        lines += ["", "**Idle energy**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
+    return "\n".join(lines)
+
+
+def _csv(report: Mapping[str, Any]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(_CSV_FIELDS)
+    for job in report.get("jobs", []):
+        row = []
+        for key in _CSV_FIELDS:
+            value = job.get(key)
+            row.append(";".join(map(str, value)) if isinstance(value, list) else ("" if value is None else value))
+        writer.writerow(row)
+    return out.getvalue().rstrip("\n")

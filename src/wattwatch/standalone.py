@@ -1,0 +1,235 @@
+"""Process wiring for the long-running commands: ``up``, ``demo``, ``collector`` and ``agent``.
+
+``up`` runs the collector (uvicorn, in a thread) and a local agent in one process; the agent pushes
+to the collector over loopback HTTP, the same path a remote agent uses. Shutdown order matters: the
+agent closes its last intervals and pushes them while the collector still listens.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from types import FrameType
+from typing import Any
+
+from wattwatch.config import Settings
+from wattwatch.errors import ConfigError
+
+log = logging.getLogger("wattwatch")
+
+
+class SimulatedWorkload:
+    """Turns job boundaries into load on simulated GPUs: the last job to start on a board sets its load."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+        self._lock = threading.Lock()
+        self._holders: dict[int, list[tuple[str, str, int | None]]] = {}
+
+    def job_started(self, job_id: str, kind: str, devices: Sequence[str], pid: int | None, t_s: float) -> None:
+        """Load the job's boards with its kind's profile from ``t_s``."""
+        with self._lock:
+            for index in _gpu_indices(devices):
+                self._holders.setdefault(index, []).append((job_id, kind, pid))
+                self.fleet.set_activity(index, kind if kind in ("training", "inference") else "training", t_s, pid)
+
+    def job_ended(self, job_id: str, t_s: float) -> None:
+        """Return the job's boards to idle (or to the job still holding them) at ``t_s``."""
+        with self._lock:
+            for index, holders in self._holders.items():
+                if not any(h[0] == job_id for h in holders):
+                    continue
+                holders[:] = [h for h in holders if h[0] != job_id]
+                if holders:
+                    _, kind, pid = holders[-1]
+                    self.fleet.set_activity(index, kind if kind in ("training", "inference") else "training", t_s, pid)
+                else:
+                    self.fleet.set_activity(index, "idle", t_s, None)
+
+
+def _gpu_indices(devices: Sequence[str]) -> list[int]:
+    return [int(key[3:]) for key in devices if key.startswith("gpu") and key[3:].isdigit()]
+
+
+@dataclass
+class AgentParts:
+    """The agent and what it was built from (the fleet when GPUs are simulated)."""
+
+    agent: Any
+    fleet: Any = None
+    skipped: list[Any] = field(default_factory=list)
+
+
+def build_agent(settings: Settings, simulate: int = 0, seed: int = 0) -> AgentParts:
+    """Discover sensors (or simulate ``simulate`` GPUs through the fake NVML module) and build an Agent."""
+    from wattwatch.agent.runner import Agent
+    from wattwatch.sensors.discovery import discover
+    from wattwatch.sensors.nvml import resolve_visible
+    from wattwatch.sensors.simulated import SimulatedFleet
+
+    fleet = None
+    if simulate:
+        if simulate < 0 or simulate > 64:
+            raise ConfigError(f"--simulate takes 1 to 64 GPUs, got {simulate}")
+        settings.home.mkdir(parents=True, exist_ok=True)
+        fleet = SimulatedFleet(simulate, seed=seed, truth_path=settings.home / "simulated-gpus.jsonl")
+    found = discover(simulate_fleet=fleet)
+    agent = Agent(
+        settings,
+        found.sensors,
+        gpu_processes=found.nvml,
+        resolve_visible=resolve_visible,
+        workload_hook=SimulatedWorkload(fleet) if fleet is not None else None,
+    )
+    return AgentParts(agent=agent, fleet=fleet, skipped=list(found.skipped))
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM; the main thread waits on it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        """Route SIGINT and SIGTERM to this flag (main thread only)."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.event.set()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+class Collector:
+    """The collector app served by uvicorn in a background thread."""
+
+    def __init__(self, settings: Settings, *, migrate: bool) -> None:
+        import uvicorn
+
+        from wattwatch.collector.app import create_app
+        from wattwatch.storage import engine as storage_engine
+        from wattwatch.storage import migrate as storage_migrate
+
+        url = settings.resolved_db_url
+        if migrate:
+            if not settings.db_url:
+                settings.home.mkdir(parents=True, exist_ok=True)
+            storage_migrate.upgrade(url)
+        self.engine = storage_engine.check_ready(url)
+        host, port = settings.listen_host_port()
+        app = create_app(settings, engine=self.engine)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        # The main thread owns signals; uvicorn must not install its own handlers in our thread.
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self.server.run, name="wattwatch-collector", daemon=True)
+        self.url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{port}"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Start serving; raise ConfigError when the port cannot be bound."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise ConfigError(
+                    f"the collector could not listen on {self.url}; is the port taken? choose another with --listen"
+                )
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread."""
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self.engine.dispose()
+
+
+def run_up(
+    settings: Settings,
+    *,
+    simulate: int = 0,
+    announce: Callable[[str], None] = print,
+    driver: Callable[[Settings, threading.Event], None] | None = None,
+    duration_s: float | None = None,
+) -> None:
+    """Collector + local agent until SIGINT/SIGTERM (or ``duration_s``); ``driver`` runs beside them (demo)."""
+    stop = StopFlag()
+    stop.install()
+    collector = Collector(settings, migrate=True)
+    collector.start()
+    parts = build_agent(replace(settings, collector_url=collector.url), simulate=simulate)
+    agent = parts.agent
+    agent.start()
+    gpus = [d for d in agent.sampler.devices.values() if d.kind == "gpu"]
+    sources = sorted({f"{d.key}" for d in agent.sampler.devices.values()})
+    announce(f"wattwatch up: collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
+    announce(
+        f"wattwatch up: agent measuring {', '.join(sources) or 'nothing'}"
+        + (f" ({simulate} simulated GPUs)" if simulate else "")
+    )
+    if not gpus:
+        why = "; ".join(f"{s.name}: {s.reason}" for s in parts.skipped) or "NVML found no GPU"
+        announce(
+            f"wattwatch up: no NVIDIA GPU found here ({why}). Try `wattwatch up --simulate 4` to see "
+            "wattwatch measure simulated GPUs."
+        )
+    announce(
+        f"wattwatch up: tag jobs with `wattwatch run --kind training --name NAME -- CMD`; "
+        f"report: `wattwatch report` or {collector.url}/api/v1/report; metrics: {collector.url}/metrics"
+    )
+    drv: threading.Thread | None = None
+    if driver is not None:
+        drv = threading.Thread(target=driver, args=(settings, stop.event), name="wattwatch-demo", daemon=True)
+        drv.start()
+    try:
+        stop.event.wait(timeout=duration_s)
+        stop.event.set()
+        if drv is not None:
+            drv.join(timeout=15)
+    finally:
+        announce("wattwatch up: stopping; pushing the last measurements")
+        agent.stop()
+        collector.stop()
+
+
+def run_collector(settings: Settings, *, migrate: bool, announce: Callable[[str], None] = print) -> None:
+    """The central service until SIGINT/SIGTERM."""
+    stop = StopFlag()
+    stop.install()
+    collector = Collector(settings, migrate=migrate)
+    collector.start()
+    announce(f"wattwatch collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
+    try:
+        stop.event.wait()
+    finally:
+        collector.stop()
+
+
+def run_agent(settings: Settings, *, simulate: int = 0, announce: Callable[[str], None] = print) -> None:
+    """The per-host sidecar until SIGINT/SIGTERM."""
+    stop = StopFlag()
+    stop.install()
+    parts = build_agent(settings, simulate=simulate)
+    parts.agent.start()
+    announce(
+        f"wattwatch agent: measuring {', '.join(parts.agent.sampler.devices) or 'nothing'}; "
+        f"pushing to {settings.collector_url}; socket {settings.socket_path}"
+    )
+    for s in parts.skipped:
+        announce(f"wattwatch agent: skipped {s.name}: {s.reason}")
+    try:
+        stop.event.wait()
+    finally:
+        parts.agent.stop()
+
+
+def _mask(url: str) -> str:
+    """Hide a password in a database URL."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in creds:
+        return url
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"

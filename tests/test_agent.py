@@ -1,0 +1,251 @@
+"""The agent's parts against a scripted sensor (the hardware boundary) and real sockets/threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import wattwatch
+from wattwatch import wire
+from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
+from wattwatch.agent.runner import Agent
+from wattwatch.agent.sampler import Sampler
+from wattwatch.agent.spool import Spool
+from wattwatch.config import Settings
+from wattwatch.sdk import AgentClient
+from wattwatch.sensors.base import DeviceInfo, EnergyReading
+
+
+class LinearSensor:
+    """A device drawing a constant ``power_w``: cumulative energy is power x time, exactly."""
+
+    name = "linear"
+
+    def __init__(self, power_w: dict[str, float], clock: Callable[[], float]) -> None:
+        self.power_w = power_w
+        self.clock = clock
+        self.reads = 0
+        self.fail = False
+        # Counters count from "driver load", not from 1970: keeps doubles precise to well under a µJ.
+        self.origin_s = clock() - 1000.0
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        return [
+            DeviceInfo(key=k, kind="gpu" if k.startswith("gpu") else "cpu", index=i) for i, k in enumerate(self.power_w)
+        ]
+
+    def _at(self, t_s: float) -> list[EnergyReading]:
+        if self.fail:
+            raise RuntimeError("sensor broke")
+        self.reads += 1
+        return [
+            EnergyReading(device=k, t_s=t_s, energy_j=p * (t_s - self.origin_s), source="counter")
+            for k, p in self.power_w.items()
+        ]
+
+    def read(self) -> list[EnergyReading]:
+        return self._at(self.clock())
+
+    def read_at(self, t_s: float) -> list[EnergyReading]:
+        return self._at(t_s)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeClock:
+    def __init__(self, t_s: float = 1000.0) -> None:
+        self.t_s = t_s
+
+    def __call__(self) -> float:
+        return self.t_s
+
+
+def no_jobs(device: DeviceInfo, interval_s: float) -> tuple[dict[str, float], float]:
+    return {}, 0.0
+
+
+def test_sampler_intervals_are_contiguous_and_carry_shares() -> None:
+    clock = FakeClock()
+    sampler = Sampler([LinearSensor({"gpu0": 100.0, "gpu1": 50.0}, clock)])
+    assert sampler.sample(no_jobs) == []  # the first reading is the baseline
+    clock.t_s += 1.0
+    first = sampler.sample(lambda d, s: ({"job-a": 1.0}, 0.0) if d.key == "gpu0" else ({}, 0.0))
+    clock.t_s += 0.5
+    second = sampler.sample(no_jobs, at_s=clock.t_s - 0.25)  # a boundary just past
+    by_dev = {iv.device: iv for iv in first}
+    assert by_dev["gpu0"].energy_j == pytest.approx(100.0)
+    assert by_dev["gpu0"].shares == {"job-a": 1.0}
+    assert by_dev["gpu1"].shares == {}
+    assert {iv.device: iv.t_start_s for iv in second} == {"gpu0": 1001.0, "gpu1": 1001.0}
+    assert {iv.device: iv.energy_j for iv in second} == pytest.approx({"gpu0": 25.0, "gpu1": 12.5})
+
+
+def test_sampler_moves_a_late_boundary_onto_the_last_reading_and_survives_a_broken_sensor() -> None:
+    clock = FakeClock()
+    good = LinearSensor({"gpu0": 100.0}, clock)
+    bad = LinearSensor({"cpu0": 10.0}, clock)
+    sampler = Sampler([good, bad])
+    sampler.sample(no_jobs)
+    clock.t_s += 1.0
+    sampler.sample(no_jobs)
+    late = sampler.sample(no_jobs, at_s=clock.t_s - 0.5)  # earlier than the last reading
+    assert late == []  # no negative-length interval, no energy invented
+    bad.fail = True
+    clock.t_s += 1.0
+    intervals = sampler.sample(no_jobs)
+    assert [iv.device for iv in intervals] == ["gpu0"]
+
+
+def test_registry_refcounts_a_job_joined_twice_and_splits_gpu_equally() -> None:
+    reg = JobRegistry()
+    reg.start(ActiveJob("a", "a", "training", 1.0, devices=frozenset({"gpu0"})))
+    reg.start(ActiveJob("a", "a", "training", 2.0, devices=frozenset({"gpu1"})))
+    reg.start(ActiveJob("b", "b", "inference", 2.0, devices=frozenset({"gpu1"})))
+    assert sorted(reg.holders()["gpu1"]) == ["a", "b"]
+    assert reg.end("a") is None  # one reference left
+    ended = reg.end("a")
+    assert ended is not None and ended.devices == frozenset({"gpu0", "gpu1"})
+    assert reg.holders() == {"gpu1": ["b"]}
+
+
+def test_cpu_meter_gives_jobs_their_cpu_seconds_and_the_rest_to_idle() -> None:
+    used = {1: 0.0, 2: 0.0}
+    meter = CpuTimeMeter(cpu_count=4, cpu_times=lambda pid: used[pid])
+    jobs = [ActiveJob("a", "a", "training", 0, pids={1}), ActiveJob("b", "b", "training", 0, pids={2})]
+    assert meter.shares(jobs, 1.0) == ({}, 4.0)  # first sight: no delta yet
+    used[1], used[2] = 1.5, 0.5
+    shares, idle = meter.shares(jobs, 1.0)
+    assert shares == {"a": 1.5, "b": 0.5}
+    assert idle == pytest.approx(2.0)
+
+
+def test_spool_survives_reopen_and_never_reuses_a_seq(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db")
+    seqs = [spool.next_seq() for _ in range(3)]
+    for seq in seqs:
+        spool.put(seq, f"body{seq}".encode(), 1.0)
+    spool.ack(seqs[0])
+    spool.bury(seqs[1], "HTTP 422")
+    spool.close()
+    again = Spool(tmp_path / "spool.db")
+    assert again.peek() == [(seqs[2], f"body{seqs[2]}".encode())]
+    assert again.dead() == 1
+    assert again.next_seq() == seqs[-1] + 1
+
+
+def make_agent(tmp_path: Path, clock: Callable[[], float] = time.time) -> tuple[Agent, LinearSensor]:
+    sensor = LinearSensor({"gpu0": 300.0, "gpu1": 200.0}, clock)
+    settings = replace(Settings(home=tmp_path), collector_url="http://127.0.0.1:9", interval_s=0.2)
+    agent = Agent(settings, [sensor], resolve_visible=lambda spec, devs: [f"gpu{i}" for i in spec.split(",")])
+    return agent, sensor
+
+
+def drain(agent: Agent) -> list[wire.Batch]:
+    agent.seal()
+    return [wire.decode_batch(body) for _, body in agent.spool.peek(limit=1000)]
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_sdk_job_and_queries_reach_the_agent_and_boundaries_are_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    agent, _ = make_agent(tmp_path)
+    agent.start()
+    try:
+        client = AgentClient(agent.settings.socket_path)
+        with wattwatch.job("ft", kind="training", job_id="run-1", client=client) as jid:
+            with wattwatch.query(tokens_in=3, tokens_out=4, client=client):
+                pass
+        assert jid == "run-1"
+        wait_for(lambda: agent.registry.get("run-1") is None)
+        wait_for(lambda: agent._events.empty())
+    finally:
+        agent.stop(flush_timeout_s=0.5)
+    batches = [wire.decode_batch(b) for _, b in Spool(tmp_path / "spool.db").peek(limit=1000)]
+    jobs = [j for b in batches for j in b.jobs]
+    assert [j.ended_at_s is None for j in jobs] == [True, False]
+    start_s, end_s = jobs[0].started_at_s, jobs[1].ended_at_s
+    assert end_s is not None
+    # No CUDA_VISIBLE_DEVICES in this process: the job holds no GPU, so GPU energy in its span is idle.
+    held = sum(iv.energy_j for b in batches for iv in b.intervals if "run-1" in iv.shares and iv.device == "gpu0")
+    assert held == 0.0
+    queries = [q for b in batches for q in b.queries]
+    assert [(q.job, q.tokens_in, q.tokens_out) for q in queries] == [("run-1", 3, 4)]
+    assert start_s <= queries[0].t_start_s <= queries[0].t_end_s <= end_s
+
+
+def test_job_energy_comes_from_boundary_reads_not_ticks(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path)
+    agent.start()
+    try:
+        reply = agent.handle(
+            {"op": "job_start", "id": "j", "name": "j", "kind": "training", "cuda_visible_devices": "0"}
+        )
+        time.sleep(0.05)
+        end = agent.handle({"op": "job_end", "id": "j"})
+        wait_for(lambda: agent.registry.get("j") is None)
+        wait_for(lambda: agent._events.empty())
+        batches = drain(agent)
+    finally:
+        agent.stop(flush_timeout_s=0.5)
+    energy_j = sum(iv.energy_j for b in batches for iv in b.intervals if "j" in iv.shares)
+    assert energy_j == pytest.approx(300.0 * (end["t_s"] - reply["t_s"]), rel=1e-6)
+
+
+def test_local_api_errors_are_replies_not_crashes(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path)
+    agent.start()
+    try:
+        client = AgentClient(agent.settings.socket_path)
+        bad_kind = client.request({"op": "job_start", "name": "x", "kind": "gaming"})
+        assert bad_kind["ok"] is False and "kind" in bad_kind["error"]
+        bad_id = client.request({"op": "job_start", "id": "has space", "name": "x"})
+        assert bad_id["ok"] is False and "job id" in bad_id["error"]
+        assert client.request({"op": "nope"})["ok"] is False
+        assert client.request({"op": "ping"})["ok"] is True
+    finally:
+        agent.stop(flush_timeout_s=0.5)
+
+
+def test_second_agent_on_the_same_socket_is_refused(tmp_path: Path) -> None:
+    from wattwatch.errors import ConfigError
+
+    agent, _ = make_agent(tmp_path)
+    agent.start()
+    try:
+        other, _ = make_agent(tmp_path)
+        with pytest.raises(ConfigError, match="already listens"):
+            other._api.start()  # type: ignore[union-attr]
+    finally:
+        agent.stop(flush_timeout_s=0.5)
+
+
+def test_sdk_is_a_noop_with_one_warning_when_no_agent(tmp_path: Path) -> None:
+    import wattwatch.sdk as sdk
+
+    sdk._warned = False
+    client = AgentClient(tmp_path / "nothing.sock")
+    ran = threading.Event()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.monotonic()
+        with wattwatch.job("x", client=client):
+            with wattwatch.query(client=client):
+                ran.set()
+        assert time.monotonic() - t0 < 1.0
+    assert ran.is_set()
+    assert len([w for w in caught if "no agent reachable" in str(w.message)]) == 1

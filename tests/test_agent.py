@@ -167,9 +167,11 @@ def test_sdk_job_and_queries_reach_the_agent_and_boundaries_are_exact(
     agent.start()
     try:
         client = AgentClient(agent.settings.socket_path)
-        with wattwatch.job("ft", kind="training", job_id="run-1", client=client) as jid:
-            with wattwatch.query(tokens_in=3, tokens_out=4, client=client):
-                pass
+        with (
+            wattwatch.job("ft", kind="training", job_id="run-1", client=client) as jid,
+            wattwatch.query(tokens_in=3, tokens_out=4, client=client),
+        ):
+            pass
         assert jid == "run-1"
         wait_for(lambda: agent.registry.get("run-1") is None)
         wait_for(lambda: agent._events.empty())
@@ -243,9 +245,8 @@ def test_sdk_is_a_noop_with_one_warning_when_no_agent(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.monotonic()
-        with wattwatch.job("x", client=client):
-            with wattwatch.query(client=client):
-                ran.set()
+        with wattwatch.job("x", client=client), wattwatch.query(client=client):
+            ran.set()
         assert time.monotonic() - t0 < 1.0
     assert ran.is_set()
     assert len([w for w in caught if "no agent reachable" in str(w.message)]) == 1

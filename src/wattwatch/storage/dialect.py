@@ -1,0 +1,44 @@
+"""The few statements SQLite and PostgreSQL spell differently: upserts and max/min of two values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Table, case, func, literal
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.elements import ColumnElement
+
+from wattwatch.errors import StorageError
+
+
+def upsert(conn: Connection, table: Table) -> Any:
+    """``INSERT ... ON CONFLICT`` for ``conn``'s backend (both offer ``on_conflict_do_update/nothing``)."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        return postgresql.insert(table)
+    if name == "sqlite":
+        return sqlite.insert(table)
+    raise StorageError(f"wattwatch stores into SQLite or PostgreSQL, not {name}; use a sqlite:// or postgresql:// URL")
+
+
+def greatest(conn: Connection, a: Any, b: Any) -> ColumnElement[Any]:
+    """The larger of two non-NULL values (SQLite's two-argument ``max``, PostgreSQL's ``greatest``)."""
+    return func.greatest(a, b) if conn.dialect.name == "postgresql" else func.max(a, b)
+
+
+def least(conn: Connection, a: Any, b: Any) -> ColumnElement[Any]:
+    """The smaller of two non-NULL values."""
+    return func.least(a, b) if conn.dialect.name == "postgresql" else func.min(a, b)
+
+
+def append_token(existing: Any, token: Any) -> ColumnElement[Any]:
+    """``existing`` (a comma list) with ``token`` added unless it is already there.
+
+    Done in SQL, inside the upsert, so two collectors adding sources to one row cannot lose either.
+    Tokens are source names (no commas, no LIKE wildcards).
+    """
+    return case(
+        (existing == "", token),
+        ((literal(",") + existing + literal(",")).contains(literal(",") + token + literal(",")), existing),
+        else_=existing + literal(",") + token,
+    )

@@ -1,0 +1,336 @@
+"""Reads for reports, job lists and /metrics. They read the rollups only: O(jobs), never the raw intervals.
+
+One report entry per job, shaped exactly as DESIGN.md's report JSON (plus a few extra fields);
+``build_report``, ``list_jobs`` and ``get_job`` all return these entries, so the CLI, the HTTP API
+and the dashboards agree on every number.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Select, func, or_, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from wattwatch.accounting.carbon import emissions_g
+from wattwatch.accounting.rollup import hour_floor_s
+from wattwatch.storage.tables import (
+    devices,
+    hosts,
+    idle_energy,
+    job_device_energy,
+    job_hosts,
+    job_query_totals,
+    jobs,
+)
+from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc
+
+DEFAULT_LIST_LIMIT = 100
+
+_SOURCE_NOTES = {
+    "estimate": "includes estimated energy (no hardware counter: CPU power from TDP x utilisation)",
+    "power": "includes energy integrated from power readings (no energy counter)",
+    "simulated": "includes simulated devices (demo data, not a measurement)",
+}
+
+
+@contextmanager
+def _snapshot(engine: Engine) -> Iterator[Connection]:
+    """A connection whose reads all see one snapshot, so a report's numbers agree with each other."""
+    conn = engine.connect()
+    if engine.dialect.name == "postgresql":
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+    # On SQLite a read transaction in WAL mode is already a snapshot.
+    with conn, conn.begin():
+        yield conn
+
+
+def _job_where(*, since_s: float | None, job_id: str | None, kind: str | None) -> list[ColumnElement[bool]]:
+    if kind is not None and kind not in JOB_KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {', '.join(JOB_KINDS)}")
+    where: list[ColumnElement[bool]] = []
+    if since_s is not None:
+        # Jobs that ended after `since`, or that still run.
+        where.append(or_(jobs.c.ended_at_s.is_(None), jobs.c.ended_at_s >= since_s))
+    if job_id is not None:
+        where.append(jobs.c.id == job_id)
+    if kind is not None:
+        where.append(jobs.c.kind == kind)
+    return where
+
+
+def _job_entries(
+    conn: Connection,
+    job_ids: Select[Any],
+    *,
+    grid_intensity_g_per_kwh: float,
+    pue: float,
+    now_s: float,
+) -> dict[str, dict[str, Any]]:
+    """Report entries for the jobs ``job_ids`` selects, keyed by job id (caller orders them)."""
+    job_rows = conn.execute(select(jobs).where(jobs.c.id.in_(job_ids))).all()
+    if not job_rows:
+        return {}
+    jde = job_device_energy
+    energy_rows = conn.execute(
+        select(jde.c.job_id, hosts.c.name, devices.c.key, devices.c.kind, jde.c.energy_j, jde.c.sources)
+        .select_from(jde.join(devices, jde.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id))
+        .where(jde.c.job_id.in_(job_ids))
+    ).all()
+    host_rows = conn.execute(
+        select(job_hosts.c.job_id, hosts.c.name, job_hosts.c.peak_power_w)
+        .select_from(job_hosts.join(hosts, job_hosts.c.host_id == hosts.c.id))
+        .where(job_hosts.c.job_id.in_(job_ids))
+    ).all()
+    query_rows = conn.execute(select(job_query_totals).where(job_query_totals.c.job_id.in_(job_ids))).all()
+
+    per_job_host: dict[str, dict[str, dict[str, float]]] = {}
+    per_job_kind: dict[str, dict[str, float]] = {}
+    per_job_devices: dict[str, set[str]] = {}
+    per_job_sources: dict[str, set[str]] = {}
+    for job_id, host, key, kind, energy_j, sources in energy_rows:
+        h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
+        h["energy_j"] += energy_j
+        by_kind = per_job_kind.setdefault(job_id, dict.fromkeys(DEVICE_KINDS, 0.0))
+        by_kind[kind] = by_kind.get(kind, 0.0) + energy_j
+        per_job_devices.setdefault(job_id, set()).add(f"{host}/{key}")
+        per_job_sources.setdefault(job_id, set()).update(s for s in sources.split(",") if s)
+    for job_id, host, peak_power_w in host_rows:
+        h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
+        h["peak_power_w"] = peak_power_w
+    per_job_queries = {r.job_id: (r.queries, r.tokens_in, r.tokens_out) for r in query_rows}
+
+    entries: dict[str, dict[str, Any]] = {}
+    for job in job_rows:
+        by_kind = per_job_kind.get(job.id, dict.fromkeys(DEVICE_KINDS, 0.0))
+        energy_j = math.fsum(by_kind.values())
+        end_s = job.ended_at_s if job.ended_at_s is not None else now_s
+        duration_s = max(end_s - job.started_at_s, 0.0)
+        n_queries, tokens_in, tokens_out = per_job_queries.get(job.id, (0, 0, 0))
+        tokens = tokens_in + tokens_out
+        per_host = per_job_host.get(job.id, {})
+        sources = sorted(per_job_sources.get(job.id, set()))
+        notes = [_SOURCE_NOTES[s] for s in sources if s in _SOURCE_NOTES]
+        entries[job.id] = {
+            "id": job.id,
+            "name": job.name,
+            "kind": job.kind,
+            "started_at": iso_utc(job.started_at_s),
+            "ended_at": iso_utc(job.ended_at_s),
+            "duration_s": duration_s,
+            "hosts": sorted(per_host),
+            "devices": sorted(per_job_devices.get(job.id, set())),
+            "energy_j": energy_j,
+            "gpu_energy_j": by_kind["gpu"],
+            "cpu_energy_j": by_kind["cpu"],
+            "dram_energy_j": by_kind["dram"],
+            "avg_power_w": energy_j / duration_s if duration_s > 0 else None,
+            # Sum of each host's peak: exact on one host, an upper bound when hosts peak at different times.
+            "peak_power_w": math.fsum(h["peak_power_w"] for h in per_host.values()),
+            "queries": n_queries,
+            "tokens": tokens,
+            "energy_per_query_j": energy_j / n_queries if n_queries else None,
+            "energy_per_token_j": energy_j / tokens if tokens else None,
+            "emissions_g": emissions_g(energy_j, grid_intensity_g_per_kwh, pue),
+            "sources": sources,
+            # Extras (DESIGN: "more fields are welcome").
+            "labels": dict(job.labels or {}),
+            "running": job.ended_at_s is None,
+            "started_at_s": job.started_at_s,
+            "ended_at_s": job.ended_at_s,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "per_host": [
+                {"host": name, "energy_j": h["energy_j"], "peak_power_w": h["peak_power_w"]}
+                for name, h in sorted(per_host.items())
+            ],
+            "source_note": "; ".join(notes) or None,
+        }
+    return entries
+
+
+def build_report(
+    engine: Engine,
+    *,
+    since_s: float | None = None,
+    job_id: str | None = None,
+    kind: str | None = None,
+    grid_intensity_g_per_kwh: float = 400.0,
+    pue: float = 1.0,
+    now_s: float | None = None,
+) -> dict[str, Any]:
+    """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``.
+
+    ``since_s`` keeps jobs that ended at or after it (or still run) and idle energy from the hour
+    containing it on. ``job_id`` narrows to one job, and idle to that job's hosts. Jobs are in start
+    order. ``now_s`` (default: the clock) is where a running job's duration ends.
+    """
+    now_s = time.time() if now_s is None else now_s
+    where = _job_where(since_s=since_s, job_id=job_id, kind=kind)
+    with _snapshot(engine) as conn:
+        entries = _job_entries(
+            conn,
+            select(jobs.c.id).where(*where),
+            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
+            pue=pue,
+            now_s=now_s,
+        )
+        ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
+        idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
+        idle = _idle(conn, since_s=since_s, host_names=idle_host_names)
+    return {"jobs": ordered, "idle": idle}
+
+
+def _idle(conn: Connection, *, since_s: float | None, host_names: set[str] | None) -> list[dict[str, Any]]:
+    stmt = (
+        select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(idle_energy.c.energy_j))
+        .select_from(
+            idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
+                hosts, devices.c.host_id == hosts.c.id
+            )
+        )
+        .group_by(hosts.c.name, devices.c.key, devices.c.kind)
+        .order_by(hosts.c.name, devices.c.key)
+    )
+    if since_s is not None:
+        stmt = stmt.where(idle_energy.c.hour_s >= hour_floor_s(since_s))
+    if host_names is not None:
+        stmt = stmt.where(hosts.c.name.in_(sorted(host_names)))
+    return [
+        {"host": host, "device": key, "energy_j": float(energy_j), "device_kind": kind}
+        for host, key, kind, energy_j in conn.execute(stmt)
+    ]
+
+
+def list_jobs(
+    engine: Engine,
+    *,
+    since_s: float | None = None,
+    kind: str | None = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    grid_intensity_g_per_kwh: float = 400.0,
+    pue: float = 1.0,
+    now_s: float | None = None,
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` jobs (by start) as report entries; same filters as ``build_report``."""
+    now_s = time.time() if now_s is None else now_s
+    where = _job_where(since_s=since_s, job_id=None, kind=kind)
+    with _snapshot(engine) as conn:
+        newest = (
+            conn.execute(select(jobs.c.id).where(*where).order_by(jobs.c.started_at_s.desc(), jobs.c.id).limit(limit))
+            .scalars()
+            .all()
+        )
+        if not newest:
+            return []
+        entries = _job_entries(
+            conn,
+            select(jobs.c.id).where(jobs.c.id.in_(newest)),
+            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
+            pue=pue,
+            now_s=now_s,
+        )
+    return [entries[job_id] for job_id in newest if job_id in entries]
+
+
+def get_job(
+    engine: Engine,
+    job_id: str,
+    *,
+    grid_intensity_g_per_kwh: float = 400.0,
+    pue: float = 1.0,
+    now_s: float | None = None,
+) -> dict[str, Any] | None:
+    """One job's report entry, or None if no such job."""
+    now_s = time.time() if now_s is None else now_s
+    with _snapshot(engine) as conn:
+        entries = _job_entries(
+            conn,
+            select(jobs.c.id).where(jobs.c.id == job_id),
+            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
+            pue=pue,
+            now_s=now_s,
+        )
+    return entries.get(job_id)
+
+
+@dataclass
+class MetricsSnapshot:
+    """Everything /metrics shows, read once per scrape. Jobs finished before the retention cut are gone."""
+
+    # (job id, job name, kind, host, device kind, joules)
+    job_energy: list[tuple[str, str, str, str, str, float]] = field(default_factory=list)
+    # job id -> (name, kind, running, started_at_s, energy_j, queries, tokens)
+    jobs: dict[str, tuple[str, str, bool, float, float, int, int]] = field(default_factory=dict)
+    # (host, device kind, joules)
+    idle: list[tuple[str, str, float]] = field(default_factory=list)
+    host: list[tuple[str, str, float]] = field(default_factory=list)
+
+
+def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float) -> MetricsSnapshot:
+    """Totals for /metrics. A finished job stays ``retention_s`` after its end, so label sets stay bounded."""
+    jde = job_device_energy
+    device_host = jde.join(devices, jde.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id)
+    visible = or_(jobs.c.ended_at_s.is_(None), jobs.c.ended_at_s >= now_s - retention_s)
+    snap = MetricsSnapshot()
+    with _snapshot(engine) as conn:
+        for job_id, name, kind, host, device_kind, energy_j in conn.execute(
+            select(jobs.c.id, jobs.c.name, jobs.c.kind, hosts.c.name, devices.c.kind, func.sum(jde.c.energy_j))
+            .select_from(device_host.join(jobs, jobs.c.id == jde.c.job_id))
+            .where(visible)
+            .group_by(jobs.c.id, jobs.c.name, jobs.c.kind, hosts.c.name, devices.c.kind)
+        ):
+            snap.job_energy.append((job_id, name, kind, host, device_kind, float(energy_j)))
+        energy_by_job: dict[str, float] = {}
+        for job_id, *_, energy_j in snap.job_energy:
+            energy_by_job[job_id] = energy_by_job.get(job_id, 0.0) + energy_j
+        for r in conn.execute(
+            select(
+                jobs.c.id,
+                jobs.c.name,
+                jobs.c.kind,
+                jobs.c.ended_at_s,
+                jobs.c.started_at_s,
+                job_query_totals.c.queries,
+                job_query_totals.c.tokens_in,
+                job_query_totals.c.tokens_out,
+            )
+            .select_from(jobs.outerjoin(job_query_totals, job_query_totals.c.job_id == jobs.c.id))
+            .where(visible)
+        ):
+            snap.jobs[r.id] = (
+                r.name,
+                r.kind,
+                r.ended_at_s is None,
+                r.started_at_s,
+                energy_by_job.get(r.id, 0.0),
+                int(r.queries or 0),
+                int(r.tokens_in or 0) + int(r.tokens_out or 0),
+            )
+        idle_host = idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
+            hosts, devices.c.host_id == hosts.c.id
+        )
+        idle_rows = conn.execute(
+            select(hosts.c.name, devices.c.kind, func.sum(idle_energy.c.energy_j))
+            .select_from(idle_host)
+            .group_by(hosts.c.name, devices.c.kind)
+        ).all()
+        # Every job ever, not only visible ones: a host's energy counter must never go down.
+        job_rows = conn.execute(
+            select(hosts.c.name, devices.c.kind, func.sum(jde.c.energy_j))
+            .select_from(device_host)
+            .group_by(hosts.c.name, devices.c.kind)
+        ).all()
+    host_totals: dict[tuple[str, str], float] = {}
+    for host, device_kind, energy_j in idle_rows:
+        snap.idle.append((host, device_kind, float(energy_j)))
+        host_totals[(host, device_kind)] = host_totals.get((host, device_kind), 0.0) + float(energy_j)
+    for host, device_kind, energy_j in job_rows:
+        host_totals[(host, device_kind)] = host_totals.get((host, device_kind), 0.0) + float(energy_j)
+    snap.host = [(h, k, e) for (h, k), e in sorted(host_totals.items())]
+    return snap

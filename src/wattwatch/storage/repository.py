@@ -1,0 +1,421 @@
+"""Repository functions: everything the collector and the CLI write to or read from the database.
+
+Writes live here; reads (reports, job lists, the /metrics snapshot) live in ``reads`` and are
+re-exported. Every write is one transaction, so a batch is either stored whole or not at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, cast, or_, select, update
+
+from wattwatch import wire
+from wattwatch.accounting.rollup import IntervalIn, JobHostTotals, rollup_intervals
+from wattwatch.storage.dialect import append_token, greatest, least, upsert
+from wattwatch.storage.engine import WRITE_TX
+from wattwatch.storage.reads import (
+    DEFAULT_LIST_LIMIT,
+    MetricsSnapshot,
+    build_report,
+    get_job,
+    list_jobs,
+    metrics_snapshot,
+)
+from wattwatch.storage.tables import (
+    devices,
+    energy_intervals,
+    hosts,
+    idle_energy,
+    ingested_batches,
+    job_device_energy,
+    job_hosts,
+    job_query_totals,
+    jobs,
+)
+from wattwatch.storage.tables import queries as queries_table
+
+__all__ = [
+    "DEFAULT_LIST_LIMIT",
+    "IngestResult",
+    "MetricsSnapshot",
+    "UnknownJob",
+    "add_queries",
+    "build_report",
+    "end_job",
+    "get_job",
+    "ingest_batch",
+    "list_jobs",
+    "metrics_snapshot",
+    "upsert_job",
+]
+
+FLAGS_MAX_CHARS = 200
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What ``ingest_batch`` did: ``duplicate`` means the (agent_id, seq) key was stored before."""
+
+    duplicate: bool
+    n_intervals: int
+
+
+class UnknownJob(LookupError):
+    """No job with this id exists."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job {job_id!r}; start it first (POST /api/v1/jobs or `wattwatch run`)")
+        self.job_id = job_id
+
+
+@contextmanager
+def _write(engine: Engine) -> Iterator[Connection]:
+    """One write transaction (on SQLite it takes the write lock at BEGIN; see engine._sqlite_begin)."""
+    with engine.connect().execution_options(**{WRITE_TX: True}) as conn, conn.begin():
+        yield conn
+
+
+def ingest_batch(engine: Engine, batch: wire.Batch, *, received_at_s: float) -> IngestResult:
+    """Store one agent batch and add its attributed energy to the rollups, in one transaction.
+
+    The ``(agent_id, seq)`` key is inserted first: if it exists, the batch was stored before and
+    nothing else is written (``duplicate=True``), which makes agent retries and collector replicas safe.
+    """
+    with _write(engine) as conn:
+        stored = conn.execute(
+            upsert(conn, ingested_batches)
+            .values(
+                agent_id=batch.agent_id,
+                seq=batch.seq,
+                received_at_s=received_at_s,
+                n_intervals=len(batch.intervals),
+            )
+            .on_conflict_do_nothing()
+            # RETURNING, not rowcount: psycopg reports -1 for a skipped conflict.
+            .returning(ingested_batches.c.seq)
+        )
+        if stored.first() is None:
+            return IngestResult(duplicate=True, n_intervals=0)
+
+        host_id = _upsert_host(conn, batch.host, batch.agent_id, received_at_s)
+        device_ids = _upsert_devices(conn, host_id, batch.devices)
+        _upsert_jobs(conn, _job_rows(batch, received_at_s))
+
+        if batch.intervals:
+            conn.execute(
+                energy_intervals.insert(),
+                [
+                    {
+                        "device_id": device_ids[iv.device],
+                        "t_start_s": iv.t_start_s,
+                        "t_end_s": iv.t_end_s,
+                        "energy_j": iv.energy_j,
+                        "source": iv.source,
+                        "flags": ",".join(iv.flags)[:FLAGS_MAX_CHARS],
+                    }
+                    for iv in batch.intervals
+                ],
+            )
+        rollup = rollup_intervals(
+            IntervalIn(iv.device, iv.t_start_s, iv.t_end_s, iv.energy_j, iv.source, iv.shares, iv.idle_weight)
+            for iv in batch.intervals
+        )
+        _add_job_device_energy(
+            conn,
+            [
+                (job_id, device_ids[key], t.energy_j, t.max_power_w, sorted(t.sources))
+                for (job_id, key), t in rollup.job_device.items()
+            ],
+        )
+        # A job this host reported is on the host even before (or without) any energy.
+        job_host = dict(rollup.job_host)
+        for job in batch.jobs:
+            seen = job_host.setdefault(job.id, JobHostTotals())
+            start_s = job.started_at_s or received_at_s
+            seen.first_s = min(seen.first_s, start_s)
+            seen.last_s = max(seen.last_s, job.ended_at_s or start_s)
+        _add_job_hosts(conn, host_id, job_host)
+        _add_idle(conn, [(device_ids[key], hour_s, energy_j) for (key, hour_s), energy_j in rollup.idle_j.items()])
+        _insert_queries(conn, host_id, batch.queries)
+    return IngestResult(duplicate=False, n_intervals=len(batch.intervals))
+
+
+def upsert_job(engine: Engine, host: str, job: wire.Job, *, now_s: float | None = None) -> None:
+    """Record a job as ``host`` sees it (start, or start and end). Merges with what other hosts sent.
+
+    ``now_s`` stands in for an unknown start (``started_at_s`` 0) and for the host's last-seen time.
+    """
+    seen_s = time.time() if now_s is None else now_s
+    with _write(engine) as conn:
+        host_id = _upsert_host(conn, host, None, seen_s)
+        row = _real_job_row(job, fallback_start_s=seen_s, created_at_s=seen_s)
+        _upsert_jobs(conn, [row])
+        totals = JobHostTotals(first_s=row["started_at_s"], last_s=job.ended_at_s or row["started_at_s"])
+        _add_job_hosts(conn, host_id, {job.id: totals})
+
+
+def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
+    """Mark a job ended at ``ended_at_s`` (the latest end any host reported wins). Raises UnknownJob."""
+    with _write(engine) as conn:
+        result = conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(
+                ended_at_s=case(
+                    (jobs.c.ended_at_s.is_(None), ended_at_s),
+                    else_=greatest(conn, jobs.c.ended_at_s, ended_at_s),
+                ),
+                started_at_s=least(conn, jobs.c.started_at_s, ended_at_s),
+            )
+            .returning(jobs.c.id)
+        )
+        if result.first() is None:
+            raise UnknownJob(job_id)
+
+
+def add_queries(engine: Engine, job_id: str, queries: Sequence[wire.Query], *, host: str | None = None) -> int:
+    """Record completed inference queries of ``job_id``; returns how many. Raises UnknownJob.
+
+    Every query's ``job`` must be ``job_id`` (ValueError otherwise): the caller addressed one job.
+    """
+    for i, q in enumerate(queries):
+        if q.job != job_id:
+            raise ValueError(f"queries[{i}].job is {q.job!r}, but the queries were posted to job {job_id!r}")
+    with _write(engine) as conn:
+        if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+            raise UnknownJob(job_id)
+        host_id = None
+        if host:
+            host_id = conn.execute(select(hosts.c.id).where(hosts.c.name == host)).scalar()
+        _insert_queries(conn, host_id, queries)
+    return len(queries)
+
+
+# --- pieces of a write transaction -------------------------------------------------------------------
+
+
+def _upsert_host(conn: Connection, name: str, agent_id: str | None, seen_s: float) -> int:
+    stmt = upsert(conn, hosts).values(name=name, agent_id=agent_id, first_seen_s=seen_s, last_seen_s=seen_s)
+    set_: dict[str, Any] = {"last_seen_s": greatest(conn, hosts.c.last_seen_s, stmt.excluded.last_seen_s)}
+    if agent_id is not None:
+        set_["agent_id"] = stmt.excluded.agent_id
+    conn.execute(stmt.on_conflict_do_update(index_elements=[hosts.c.name], set_=set_))
+    host_id = conn.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar_one()
+    return int(host_id)
+
+
+def _upsert_devices(conn: Connection, host_id: int, batch_devices: Sequence[wire.Device]) -> dict[str, int]:
+    if batch_devices:
+        stmt = upsert(conn, devices)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[devices.c.host_id, devices.c.key],
+                set_={
+                    "kind": stmt.excluded.kind,
+                    "index": stmt.excluded["index"],
+                    "uuid": stmt.excluded.uuid,
+                    "model": stmt.excluded.model,
+                    "power_limit_w": stmt.excluded.power_limit_w,
+                },
+            ),
+            [
+                {
+                    "host_id": host_id,
+                    "key": d.key,
+                    "kind": d.kind,
+                    "index": d.index,
+                    "uuid": d.uuid,
+                    "model": d.model,
+                    "power_limit_w": d.power_limit_w,
+                }
+                for d in sorted(batch_devices, key=lambda d: d.key)
+            ],
+        )
+    rows = conn.execute(select(devices.c.key, devices.c.id).where(devices.c.host_id == host_id))
+    return {key: int(device_id) for key, device_id in rows}
+
+
+def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "kind": job.kind,
+        "labels": dict(job.labels),
+        # 0 is the wire default for "start unknown"; no job started in 1970.
+        "started_at_s": job.started_at_s or fallback_start_s,
+        "ended_at_s": job.ended_at_s,
+        "created_at_s": created_at_s,
+        "placeholder": False,
+    }
+
+
+def _job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
+    """Job rows for the batch's job records, plus placeholders for ids only intervals or queries name."""
+    first_seen_s: dict[str, float] = {}
+    for iv in batch.intervals:
+        for job_id in iv.shares:
+            first_seen_s[job_id] = min(first_seen_s.get(job_id, iv.t_start_s), iv.t_start_s)
+    for q in batch.queries:
+        first_seen_s[q.job] = min(first_seen_s.get(q.job, q.t_start_s), q.t_start_s)
+    rows: dict[str, dict[str, Any]] = {}
+    for job in batch.jobs:  # a later record of the same job in one batch wins, as across batches
+        fallback_s = first_seen_s.get(job.id, received_at_s)
+        row = _real_job_row(job, fallback_start_s=fallback_s, created_at_s=received_at_s)
+        if job.id in rows:
+            row["started_at_s"] = min(row["started_at_s"], rows[job.id]["started_at_s"])
+            ends = [e for e in (row["ended_at_s"], rows[job.id]["ended_at_s"]) if e is not None]
+            row["ended_at_s"] = max(ends) if ends else None
+        rows[job.id] = row
+    for job_id, start_s in first_seen_s.items():
+        if job_id not in rows:
+            rows[job_id] = {
+                "id": job_id,
+                "name": job_id,
+                "kind": "other",
+                "labels": {},
+                "started_at_s": start_s,
+                "ended_at_s": None,
+                "created_at_s": received_at_s,
+                "placeholder": True,
+            }
+    return [rows[k] for k in sorted(rows)]  # one lock order for every writer (PostgreSQL deadlocks)
+
+
+def _upsert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    stmt = upsert(conn, jobs)
+    new = stmt.excluded
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[jobs.c.id],
+            set_={
+                # A placeholder never overwrites what a real record said; a real record always does.
+                "name": case((new.placeholder, jobs.c.name), else_=new.name),
+                "kind": case((new.placeholder, jobs.c.kind), else_=new.kind),
+                # An end record or another host often sends no labels; that must not erase them.
+                "labels": case((or_(new.placeholder, cast(new.labels, Text) == "{}"), jobs.c.labels), else_=new.labels),
+                "placeholder": and_(jobs.c.placeholder, new.placeholder),
+                "started_at_s": least(conn, jobs.c.started_at_s, new.started_at_s),
+                "ended_at_s": case(
+                    (new.ended_at_s.is_(None), jobs.c.ended_at_s),
+                    (jobs.c.ended_at_s.is_(None), new.ended_at_s),
+                    else_=greatest(conn, jobs.c.ended_at_s, new.ended_at_s),
+                ),
+            },
+        ),
+        rows,
+    )
+
+
+def _add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, float, float, list[str]]]) -> None:
+    rows = sorted(rows)
+    if not rows:
+        return
+    stmt = upsert(conn, job_device_energy)
+    new = stmt.excluded
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[job_device_energy.c.job_id, job_device_energy.c.device_id],
+            set_={
+                "energy_j": job_device_energy.c.energy_j + new.energy_j,
+                "max_power_w": greatest(conn, job_device_energy.c.max_power_w, new.max_power_w),
+                "sources": append_token(job_device_energy.c.sources, new.sources),
+            },
+        ),
+        [{"job_id": j, "device_id": d, "energy_j": e, "max_power_w": p, "sources": s[0]} for j, d, e, p, s in rows],
+    )
+    # Rare: one device changed source within a batch (a counter reset bridged from power readings).
+    extra = [{"j": j, "d": d, "s": src} for j, d, _, _, s in rows for src in s[1:]]
+    if extra:
+        jde = job_device_energy
+        conn.execute(
+            update(jde)
+            .where(jde.c.job_id == bindparam("j"), jde.c.device_id == bindparam("d"))
+            .values(sources=append_token(jde.c.sources, bindparam("s", type_=String()))),
+            extra,
+        )
+
+
+def _add_job_hosts(conn: Connection, host_id: int, totals: dict[str, JobHostTotals]) -> None:
+    if not totals:
+        return
+    stmt = upsert(conn, job_hosts)
+    new = stmt.excluded
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[job_hosts.c.job_id, job_hosts.c.host_id],
+            set_={
+                "peak_power_w": greatest(conn, job_hosts.c.peak_power_w, new.peak_power_w),
+                "first_s": least(conn, job_hosts.c.first_s, new.first_s),
+                "last_s": greatest(conn, job_hosts.c.last_s, new.last_s),
+            },
+        ),
+        [
+            {
+                "job_id": job_id,
+                "host_id": host_id,
+                "peak_power_w": t.peak_power_w,
+                "first_s": t.first_s,
+                "last_s": max(t.last_s, t.first_s),
+            }
+            for job_id, t in sorted(totals.items())
+        ],
+    )
+
+
+def _add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
+    if not rows:
+        return
+    stmt = upsert(conn, idle_energy)
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[idle_energy.c.device_id, idle_energy.c.hour_s],
+            set_={"energy_j": idle_energy.c.energy_j + stmt.excluded.energy_j},
+        ),
+        [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)],
+    )
+
+
+def _insert_queries(conn: Connection, host_id: int | None, batch_queries: Sequence[wire.Query]) -> None:
+    if not batch_queries:
+        return
+    conn.execute(
+        queries_table.insert(),
+        [
+            {
+                "job_id": q.job,
+                "host_id": host_id,
+                "t_start_s": q.t_start_s,
+                "t_end_s": q.t_end_s,
+                "tokens_in": q.tokens_in,
+                "tokens_out": q.tokens_out,
+            }
+            for q in batch_queries
+        ],
+    )
+    per_job: dict[str, list[int]] = {}
+    for q in batch_queries:
+        t = per_job.setdefault(q.job, [0, 0, 0])
+        t[0] += 1
+        t[1] += q.tokens_in
+        t[2] += q.tokens_out
+    stmt = upsert(conn, job_query_totals)
+    new = stmt.excluded
+    tot = job_query_totals
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[tot.c.job_id],
+            set_={
+                "queries": tot.c.queries + new.queries,
+                "tokens_in": tot.c.tokens_in + new.tokens_in,
+                "tokens_out": tot.c.tokens_out + new.tokens_out,
+            },
+        ),
+        [{"job_id": j, "queries": n, "tokens_in": ti, "tokens_out": to} for j, (n, ti, to) in sorted(per_job.items())],
+    )

@@ -1,0 +1,133 @@
+"""``create_app(settings)``: the collector as a FastAPI app. No module-level app or state.
+
+Errors reach clients as JSON ``{"error": "...", "field": "..."}``: 422 for a body or parameter that
+does not fit (``field`` is its dotted path), 401 for a missing token, 404 for an unknown job, 503
+when the database is unreachable or unmigrated.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from wattwatch.collector.bodies import OPENAPI_BODIES
+from wattwatch.collector.errors import ApiError
+from wattwatch.collector.metrics import build_registry
+from wattwatch.collector.routes import Context, build_router
+from wattwatch.config import Settings
+from wattwatch.errors import StorageError
+from wattwatch.storage.engine import check_schema, make_engine
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "1"
+
+
+def create_app(settings: Settings, engine: Engine | None = None, *, clock: Callable[[], float] = time.time) -> FastAPI:
+    """The collector app for ``settings``; stores into ``engine`` (default: one for ``settings.resolved_db_url``).
+
+    The database must already be migrated (``wattwatch db upgrade``); ``/readyz`` says whether it is.
+    ``clock`` (epoch seconds) is injectable so tests control "now" (receive times, metrics retention).
+    """
+    owns_engine = engine is None
+    db = make_engine(settings.resolved_db_url) if engine is None else engine
+    registry, ingest_metrics = build_registry(db, settings, clock)
+    ctx = Context(settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_engine:
+            db.dispose()
+
+    app = FastAPI(
+        title="wattwatch collector",
+        version=API_VERSION,
+        description="Energy of AI workloads: agents push measured intervals; reports and /metrics read rollups.",
+        lifespan=lifespan,
+    )
+    app.state.wattwatch = ctx
+    app.include_router(build_router(ctx, _bearer_auth(settings.token)))
+    _install_error_handlers(app, db)
+    _document_bodies(app)
+    return app
+
+
+def _bearer_auth(token: str) -> Callable[[Request], None]:
+    """A dependency that requires ``Authorization: Bearer <token>`` when a token is configured."""
+    expected = f"Bearer {token}".encode()
+
+    def require_token(request: Request) -> None:
+        if not token:
+            return
+        given = request.headers.get("authorization", "").encode()
+        # Constant-time compare: the token is the only thing between the internet and the database.
+        if not hmac.compare_digest(given, expected):
+            raise ApiError(
+                401,
+                "missing or wrong bearer token; send `Authorization: Bearer <token>` (the collector's WATTWATCH_TOKEN)",
+                "Authorization",
+            )
+
+    return require_token
+
+
+def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
+    async def api_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status, headers=headers)
+
+    async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
+        # FastAPI's own parameter checks (e.g. limit=-1), reshaped like every other 422 here.
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {"loc": ("request",), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body", "header")]
+        field = ".".join(loc) or "request"
+        return JSONResponse({"error": f"{field}: {first.get('msg', 'invalid')}", "field": field}, status_code=422)
+
+    def database_error(_request: Request, exc: Exception) -> JSONResponse:
+        # Sync handler: FastAPI runs it in the thread pool, and check_schema talks to the database.
+        log.error("database error: %s", exc)
+        try:
+            check_schema(engine)
+            message = "the database failed this request; see the collector's log"
+        except StorageError as storage_exc:
+            message = str(storage_exc)
+        return JSONResponse({"error": message, "field": None}, status_code=503)
+
+    async def storage_error(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"error": str(exc), "field": None}, status_code=503)
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(SQLAlchemyError, database_error)
+    app.add_exception_handler(StorageError, storage_error)
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Put msgspec's JSON Schemas of the request bodies into /openapi.json's components."""
+    _, components = msgspec.json.schema_components(
+        list(OPENAPI_BODIES.values()), ref_template="#/components/schemas/{name}"
+    )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

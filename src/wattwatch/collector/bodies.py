@@ -1,0 +1,51 @@
+"""Request bodies of the job routes that the wire format does not already define.
+
+Decoded with msgspec like agent batches, so every 422 names its field the same way.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from wattwatch import wire
+
+
+class JobStart(wire.Job, kw_only=True):
+    """``POST /api/v1/jobs``: a job record plus the host that reports it."""
+
+    host: wire.Name
+
+
+class JobEnd(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /api/v1/jobs/{id}/end``: when it ended (default: when the collector receives this)."""
+
+    ended_at_s: wire.Epoch_s | None = None
+
+
+class QueryIn(msgspec.Struct, forbid_unknown_fields=True):
+    """One completed query; ``job`` may be left out since the path names the job."""
+
+    t_start_s: wire.Epoch_s
+    t_end_s: wire.Epoch_s
+    tokens_in: wire.NonNegInt = 0
+    tokens_out: wire.NonNegInt = 0
+    job: wire.Key | None = None
+
+    def __post_init__(self) -> None:
+        if self.t_end_s < self.t_start_s:
+            raise ValueError("@t_end_s: must not be earlier than t_start_s")
+
+
+class QueriesIn(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /api/v1/jobs/{id}/queries``."""
+
+    queries: list[QueryIn]
+    host: wire.Name | None = None
+
+
+OPENAPI_BODIES: dict[str, type] = {
+    "Batch": wire.Batch,
+    "JobStart": JobStart,
+    "JobEnd": JobEnd,
+    "QueriesIn": QueriesIn,
+}

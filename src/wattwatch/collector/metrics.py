@@ -1,0 +1,125 @@
+"""The collector's /metrics: ingest self-metrics plus job, idle and host energy read from the rollups.
+
+Everything lives in a registry per app (never prometheus_client's global one), so several apps in one
+process (tests, ``wattwatch up``) never share counters. Job metrics are computed once per scrape
+from one database snapshot by ``JobMetricsCollector``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from wattwatch.accounting.carbon import emissions_g
+from wattwatch.config import Settings
+from wattwatch.storage.reads import MetricsSnapshot, metrics_snapshot
+
+log = logging.getLogger(__name__)
+
+JOB_LABELS = ["job", "job_name", "kind"]
+
+
+@dataclass(frozen=True)
+class IngestMetrics:
+    """Counters the ingest route increments."""
+
+    batches: Counter
+    intervals: Counter
+    errors: Counter
+    duplicates: Counter
+
+
+def build_registry(
+    engine: Engine, settings: Settings, clock: Callable[[], float]
+) -> tuple[CollectorRegistry, IngestMetrics]:
+    """A fresh registry holding the ingest counters and the job collector."""
+    registry = CollectorRegistry()
+    ingest = IngestMetrics(
+        batches=Counter("wattwatch_ingest_batches", "Agent batches stored (duplicates excluded).", registry=registry),
+        intervals=Counter("wattwatch_ingest_intervals", "Device intervals stored.", registry=registry),
+        errors=Counter("wattwatch_ingest_errors", "Batches rejected as malformed.", registry=registry),
+        duplicates=Counter(
+            "wattwatch_ingest_duplicates", "Batches received again and ignored (agent retries).", registry=registry
+        ),
+    )
+    registry.register(JobMetricsCollector(engine, settings, clock))
+    return registry, ingest
+
+
+class JobMetricsCollector(Collector):
+    """Job, idle and host energy from the rollup tables, read at scrape time."""
+
+    def __init__(self, engine: Engine, settings: Settings, clock: Callable[[], float]) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        """The families without samples, so registering never touches the database."""
+        return self._families(None, 0.0)
+
+    def collect(self) -> Iterable[Metric]:
+        """One snapshot of the rollups, presented as every job metric."""
+        now_s = self._clock()
+        up = GaugeMetricFamily("wattwatch_collector_database_up", "1 if the last scrape could read the database.")
+        try:
+            snapshot = metrics_snapshot(self._engine, now_s=now_s, retention_s=self._settings.metrics_retention_s)
+        except SQLAlchemyError as exc:
+            # A scrape that fails outright hides the ingest counters too; report the outage as a value.
+            log.warning("metrics scrape could not read the database: %s", exc)
+            up.add_metric([], 0.0)
+            return [up]
+        up.add_metric([], 1.0)
+        return [up, *self._families(snapshot, now_s)]
+
+    def _families(self, snap: MetricsSnapshot | None, now_s: float) -> list[Metric]:
+        energy = CounterMetricFamily(
+            "wattwatch_job_energy_joules",
+            "Energy attributed to a job, per host and device kind (J).",
+            labels=[*JOB_LABELS, "host", "device_kind"],
+        )
+        power = GaugeMetricFamily(
+            "wattwatch_job_power_watts", "Average power of a running job since its start (W).", labels=JOB_LABELS
+        )
+        n_queries = CounterMetricFamily("wattwatch_job_queries", "Inference queries a job served.", labels=JOB_LABELS)
+        tokens = CounterMetricFamily("wattwatch_job_tokens", "Tokens (in + out) a job processed.", labels=JOB_LABELS)
+        per_query = GaugeMetricFamily(
+            "wattwatch_job_energy_per_query_joules", "Job energy / completed queries (J).", labels=JOB_LABELS
+        )
+        idle = CounterMetricFamily(
+            "wattwatch_idle_energy_joules", "Device energy no job held (J).", labels=["host", "device_kind"]
+        )
+        host = CounterMetricFamily(
+            "wattwatch_host_energy_joules", "All device energy measured on a host (J).", labels=["host", "device_kind"]
+        )
+        carbon = CounterMetricFamily(
+            "wattwatch_emissions_grams", "Job emissions: kWh x PUE x grid intensity (gCO2e).", labels=JOB_LABELS
+        )
+        families: list[Metric] = [energy, power, n_queries, tokens, per_query, idle, host, carbon]
+        if snap is None:
+            return families
+        for job_id, name, kind, host_name, device_kind, energy_j in snap.job_energy:
+            energy.add_metric([job_id, name, kind, host_name, device_kind], energy_j)
+        s = self._settings
+        for job_id, (name, kind, running, started_at_s, energy_j, queries, n_tokens) in snap.jobs.items():
+            labels = [job_id, name, kind]
+            if running:
+                duration_s = now_s - started_at_s
+                power.add_metric(labels, energy_j / duration_s if duration_s > 0 else 0.0)
+            n_queries.add_metric(labels, float(queries))
+            tokens.add_metric(labels, float(n_tokens))
+            if queries:
+                per_query.add_metric(labels, energy_j / queries)
+            carbon.add_metric(labels, emissions_g(energy_j, s.grid_intensity_g_per_kwh, s.pue))
+        for host_name, device_kind, energy_j in snap.idle:
+            idle.add_metric([host_name, device_kind], energy_j)
+        for host_name, device_kind, energy_j in snap.host:
+            host.add_metric([host_name, device_kind], energy_j)
+        return families

@@ -1,0 +1,213 @@
+"""The collector's HTTP routes, built around one app's ``Context`` (no module-level state).
+
+Routes that touch the database are plain ``def``: FastAPI runs them on its thread pool, so the
+synchronous SQLAlchemy calls never block the event loop. Bodies are read raw and decoded with
+msgspec (``wattwatch.wire``), which names the offending field of a bad body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from sqlalchemy import Engine
+
+from wattwatch import wire
+from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
+from wattwatch.collector.errors import ApiError
+from wattwatch.collector.metrics import IngestMetrics
+from wattwatch.config import Settings
+from wattwatch.errors import StorageError
+from wattwatch.storage import repository
+from wattwatch.storage.engine import check_schema
+from wattwatch.units import JOB_KINDS, parse_duration_s
+
+T = TypeVar("T")
+JobId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$")]
+_ERROR = {"content": {"application/json": {"example": {"error": "what went wrong", "field": "intervals[0].energy_j"}}}}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one collector app's routes share."""
+
+    settings: Settings
+    engine: Engine
+    registry: CollectorRegistry
+    ingest: IngestMetrics
+    clock: Callable[[], float]
+
+
+async def _raw_body(request: Request) -> bytes:
+    # Async so the endpoints can stay sync (thread pool) and still get the body.
+    return await request.body()
+
+
+RawBody = Annotated[bytes, Depends(_raw_body)]
+
+
+def _body(schema: str, *, required: bool = True) -> dict[str, Any]:
+    """openapi_extra documenting a raw body by its msgspec schema (see app._document_bodies)."""
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}
+
+
+def _decode(body: bytes, typ: type[T]) -> T:
+    try:
+        return wire.decode_as(body, typ)
+    except wire.WireError as exc:
+        raise ApiError(422, exc.message, exc.field) from None
+
+
+def _since_s(ctx: Context, since: str | None) -> float | None:
+    if since is None or since == "":
+        return None
+    try:
+        return ctx.clock() - parse_duration_s(since)
+    except ValueError as exc:
+        raise ApiError(422, f"since: {exc}", "since") from None
+
+
+def _kind(kind: str | None) -> str | None:
+    if kind is None or kind == "":
+        return None
+    if kind not in JOB_KINDS:
+        raise ApiError(422, f"kind: {kind!r} is not one of {', '.join(JOB_KINDS)}", "kind")
+    return kind
+
+
+def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
+    """Every route of the collector, bound to ``ctx``; ``auth`` guards all but the health checks."""
+    router = APIRouter()
+    guarded = [Depends(auth)]
+    s = ctx.settings
+    carbon = {"grid_intensity_g_per_kwh": s.grid_intensity_g_per_kwh, "pue": s.pue}
+
+    @router.post(
+        "/api/v1/ingest",
+        dependencies=guarded,
+        openapi_extra=_body("Batch"),
+        responses={422: _ERROR, 401: _ERROR},
+        tags=["agents"],
+    )
+    def ingest(
+        body: RawBody, content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None
+    ) -> dict[str, Any]:
+        """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq)."""
+        encoding = (content_encoding or "identity").strip().lower()
+        if encoding not in ("identity", "gzip"):
+            ctx.ingest.errors.inc()
+            raise ApiError(
+                415, f"Content-Encoding {encoding!r} is not supported; send identity or gzip", "Content-Encoding"
+            )
+        try:
+            batch = wire.decode_batch(body, encoding)
+        except wire.WireError as exc:
+            ctx.ingest.errors.inc()
+            raise ApiError(422, exc.message, exc.field) from None
+        result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
+        if result.duplicate:
+            ctx.ingest.duplicates.inc()
+        else:
+            ctx.ingest.batches.inc()
+            ctx.ingest.intervals.inc(result.n_intervals)
+        return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
+
+    @router.post("/api/v1/jobs", dependencies=guarded, openapi_extra=_body("JobStart"), tags=["jobs"])
+    def start_job(body: RawBody) -> dict[str, Any]:
+        """Record a job as one host sees it (sent at start, and again at end if the host likes)."""
+        job = _decode(body, JobStart)
+        repository.upsert_job(ctx.engine, job.host, job, now_s=ctx.clock())
+        return _job_or_404(ctx, job.id, carbon)
+
+    @router.post(
+        "/api/v1/jobs/{job_id}/end", dependencies=guarded, openapi_extra=_body("JobEnd", required=False), tags=["jobs"]
+    )
+    def end_job(job_id: JobId, body: RawBody) -> dict[str, Any]:
+        """Mark a job ended at ``ended_at_s`` (default: now)."""
+        end = _decode(body, JobEnd) if body.strip() else JobEnd()
+        try:
+            repository.end_job(ctx.engine, job_id, end.ended_at_s if end.ended_at_s is not None else ctx.clock())
+        except repository.UnknownJob as exc:
+            raise ApiError(404, str(exc), "job_id") from None
+        return _job_or_404(ctx, job_id, carbon)
+
+    @router.post("/api/v1/jobs/{job_id}/queries", dependencies=guarded, openapi_extra=_body("QueriesIn"), tags=["jobs"])
+    def add_queries(job_id: JobId, body: RawBody) -> dict[str, Any]:
+        """Record completed inference queries of a job (counts and tokens; energy per query follows)."""
+        posted = _decode(body, QueriesIn)
+        items = []
+        for i, q in enumerate(posted.queries):
+            if q.job is not None and q.job != job_id:
+                raise ApiError(422, f"job {q.job!r} differs from the job in the path, {job_id!r}", f"queries[{i}].job")
+            items.append(wire.Query(job_id, q.t_start_s, q.t_end_s, q.tokens_in, q.tokens_out))
+        try:
+            n = repository.add_queries(ctx.engine, job_id, items, host=posted.host)
+        except repository.UnknownJob as exc:
+            raise ApiError(404, str(exc), "job_id") from None
+        return {"accepted": n}
+
+    @router.get("/api/v1/jobs", dependencies=guarded, tags=["jobs"])
+    def list_jobs(
+        kind: str | None = None,
+        since: Annotated[str | None, Query(description="e.g. 7d, 12h, 90s")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = repository.DEFAULT_LIST_LIMIT,
+    ) -> dict[str, Any]:
+        """The newest jobs first, each as a report entry."""
+        jobs = repository.list_jobs(
+            ctx.engine, since_s=_since_s(ctx, since), kind=_kind(kind), limit=limit, now_s=ctx.clock(), **carbon
+        )
+        return {"jobs": jobs}
+
+    @router.get("/api/v1/jobs/{job_id}", dependencies=guarded, responses={404: _ERROR}, tags=["jobs"])
+    def get_job(job_id: JobId) -> dict[str, Any]:
+        """One job's report entry."""
+        return _job_or_404(ctx, job_id, carbon)
+
+    @router.get("/api/v1/report", dependencies=guarded, tags=["reports"])
+    def report(
+        since: Annotated[str | None, Query(description="e.g. 7d, 12h, 90s")] = None,
+        job: str | None = None,
+        kind: str | None = None,
+    ) -> dict[str, Any]:
+        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``."""
+        return repository.build_report(
+            ctx.engine,
+            since_s=_since_s(ctx, since),
+            job_id=job or None,
+            kind=_kind(kind),
+            now_s=ctx.clock(),
+            **carbon,
+        )
+
+    @router.get("/metrics", dependencies=guarded, tags=["operations"])
+    def metrics() -> Response:
+        """Prometheus text exposition of ingest counters and job, idle and host energy."""
+        return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, bool]:
+        """The process is alive (says nothing about the database)."""
+        return {"ok": True}
+
+    @router.get("/readyz", tags=["operations"], responses={503: _ERROR})
+    def readyz() -> JSONResponse:
+        """The database is reachable and migrated to this collector's revision."""
+        try:
+            check_schema(ctx.engine)
+        except StorageError as exc:
+            return JSONResponse({"ready": False, "error": str(exc)}, status_code=503)
+        return JSONResponse({"ready": True})
+
+    return router
+
+
+def _job_or_404(ctx: Context, job_id: str, carbon: dict[str, float]) -> dict[str, Any]:
+    job = repository.get_job(ctx.engine, job_id, now_s=ctx.clock(), **carbon)
+    if job is None:
+        raise ApiError(404, f"no job {job_id!r}", "job_id")
+    return job

@@ -407,3 +407,21 @@ def test_metrics_snapshot_drops_finished_jobs_after_retention(db_engine: Engine)
     assert energy_j == pytest.approx(3.6e6 + 200.0 + 120.0)
     everything = repository.metrics_snapshot(db_engine, now_s=T0 + 4010, retention_s=1e9)
     assert set(everything.jobs) == {"old", "srv"}
+
+
+def test_concurrent_ingest_loses_nothing(db_engine: Engine) -> None:
+    # Several agents push at once into the same job, devices and idle hours; every addition must land.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def push(agent: int) -> None:
+        for seq in range(8):
+            b = batch(
+                seq, agent_id=f"a{agent}", intervals=[iv("gpu0", T0 + seq, 10.0, {"j": 1.0}), iv("gpu1", T0, 1.0, {})]
+            )
+            repository.ingest_batch(db_engine, b, received_at_s=T0)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(push, range(4)))
+    report = repository.build_report(db_engine, now_s=T0 + 100)
+    assert report["jobs"][0]["energy_j"] == pytest.approx(4 * 8 * 10.0)
+    assert report["idle"][0]["energy_j"] == pytest.approx(4 * 8 * 1.0)

@@ -38,6 +38,10 @@ def split_interval(
         raise ValueError(f"idle_weight must be finite and non-negative, got {idle_weight!r}")
     if not shares:
         return {}, energy_j
+    if len(shares) == 1 and idle_weight == 0.0:
+        # The common case, a GPU held by one job: it gets all of it, no arithmetic to round.
+        (only,) = shares
+        return {only: energy_j}, 0.0
 
     largest = max(max(shares.values()), idle_weight)
     if largest == 0.0:

@@ -85,6 +85,11 @@ def test_gzip_body(client: TestClient) -> None:
     assert r.json()["intervals"] == 20
     bad = client.post("/api/v1/ingest", content=b"not gzip", headers={"Content-Encoding": "gzip"})
     assert (bad.status_code, bad.json()["field"]) == (422, "body")
+    truncated = client.post("/api/v1/ingest", content=body[:-20], headers={"Content-Encoding": "gzip"})
+    assert (truncated.status_code, truncated.json()["field"]) == (422, "body")
+    bomb = gzip.compress(b" " * (65 << 20))  # 65 MiB of spaces gzip to ~65 KiB
+    big = client.post("/api/v1/ingest", content=bomb, headers={"Content-Encoding": "gzip"})
+    assert (big.status_code, big.json()["field"]) == (413, "body")
     br = client.post("/api/v1/ingest", content=b"{}", headers={"Content-Encoding": "br"})
     assert (br.status_code, br.json()["field"]) == (415, "Content-Encoding")
 

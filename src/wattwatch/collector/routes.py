@@ -7,6 +7,7 @@ msgspec (``wattwatch.wire``), which names the offending field of a bad body.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -27,6 +28,8 @@ from wattwatch.storage.engine import check_schema
 from wattwatch.units import JOB_KINDS, parse_duration_s
 
 T = TypeVar("T")
+# Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
+MAX_BATCH_BYTES = 64 << 20
 JobId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$")]
 _ERROR = {"content": {"application/json": {"example": {"error": "what went wrong", "field": "intervals[0].energy_j"}}}}
 
@@ -61,6 +64,20 @@ def _decode(body: bytes, typ: type[T]) -> T:
         return wire.decode_as(body, typ)
     except wire.WireError as exc:
         raise ApiError(422, exc.message, exc.field) from None
+
+
+def _gunzip(body: bytes, limit_bytes: int) -> bytes:
+    """Gunzip with a ceiling: a few kilobytes of gzip can expand to gigabytes (a "zip bomb")."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit_bytes)
+    except zlib.error as exc:
+        raise wire.WireError("body", f"Content-Encoding is gzip but the body is not valid gzip: {exc}") from None
+    if inflater.unconsumed_tail:
+        raise ApiError(413, f"batch is over {limit_bytes >> 20} MiB uncompressed; push smaller batches", "body")
+    if not inflater.eof:
+        raise wire.WireError("body", "Content-Encoding is gzip but the body is truncated")
+    return out
 
 
 def _since_s(ctx: Context, since: str | None) -> float | None:
@@ -105,10 +122,17 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
                 415, f"Content-Encoding {encoding!r} is not supported; send identity or gzip", "Content-Encoding"
             )
         try:
-            batch = wire.decode_batch(body, encoding)
+            if len(body) > MAX_BATCH_BYTES:
+                raise ApiError(413, f"batch is over {MAX_BATCH_BYTES >> 20} MiB; push smaller batches", "body")
+            if encoding == "gzip":
+                body = _gunzip(body, MAX_BATCH_BYTES)
+            batch = wire.decode_batch(body)
         except wire.WireError as exc:
             ctx.ingest.errors.inc()
             raise ApiError(422, exc.message, exc.field) from None
+        except ApiError:
+            ctx.ingest.errors.inc()
+            raise
         result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
         if result.duplicate:
             ctx.ingest.duplicates.inc()

@@ -124,8 +124,7 @@ class Collector:
         app = create_app(settings, engine=self.engine)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
-        # The main thread owns signals; uvicorn must not install its own handlers in our thread.
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        # The main thread owns SIGINT/SIGTERM; uvicorn leaves signals alone outside the main thread.
         self._thread = threading.Thread(target=self.server.run, name="wattwatch-collector", daemon=True)
         self.url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{port}"
 

@@ -224,9 +224,8 @@ class Agent:
         """End a job at now; the boundary reading is taken asynchronously at the returned ``t_s``."""
         if not job_id:
             raise ConfigError("job_end needs the job's id")
-        t_s = self._put(
-            _Event("end", 0.0, job_id=job_id), hook=(lambda t: self._hook.job_ended(job_id, t)) if self._hook else None
-        )
+        hook = self._hook
+        t_s = self._put(_Event("end", 0.0, job_id=job_id), hook=(lambda t: hook.job_ended(job_id, t)) if hook else None)
         return {"ok": True, "id": job_id, "t_s": t_s}
 
     def add_query(self, msg: dict[str, Any]) -> None:

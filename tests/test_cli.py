@@ -1,0 +1,120 @@
+"""The command line: one-line errors with exit 2, --help with examples, report on real databases."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wattwatch.cli import main
+
+COMMANDS = [["up"], ["demo"], ["collector"], ["agent"], ["run"], ["report"], ["doctor"], ["db", "upgrade"]]
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("WATTWATCH_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c))
+def test_every_command_has_help_with_an_example(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "example" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["report", "--since", "soon"], "--since"),
+        (["report", "--format", "xml"], "--format"),
+        (["run", "--kind", "training"], "no command given"),
+        (["run", "--label", "novalue", "--", "true"], "--label"),
+        (["up", "--listen", "localhost"], "HOST:PORT"),
+        (["up", "--simulate", "-1"], "--simulate"),
+        (["agent", "--collector", "collector:8470"], "--collector"),
+        (["bogus"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    assert code == 2
+    assert needle in one_line_error(capsys)
+
+
+def test_report_on_a_missing_database_says_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--db", f"sqlite:///{tmp_path / 'nope.db'}"]) == 2
+    err = one_line_error(capsys)
+    assert "wattwatch up" in err or "db upgrade" in err
+    assert not (tmp_path / "nope.db").exists()  # asking must not create it
+
+
+def test_report_on_an_unmigrated_database_says_upgrade(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "empty.db"
+    sqlite3.connect(db).execute("CREATE TABLE unrelated (x INTEGER)").connection.close()
+    assert main(["report", "--db", f"sqlite:///{db}"]) == 2
+    assert "db upgrade" in one_line_error(capsys)
+
+
+def test_db_upgrade_then_empty_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    capsys.readouterr()
+    assert main(["report", "--db", url]) == 0
+    assert "No jobs recorded yet" in capsys.readouterr().out
+    assert main(["report", "--db", url, "--format", "json"]) == 0
+    assert capsys.readouterr().out.strip().startswith("{")
+
+
+def test_report_for_an_unknown_job_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    capsys.readouterr()
+    assert main(["report", "--db", url, "--job", "nope"]) == 2
+    assert "no job 'nope'" in one_line_error(capsys)
+
+
+def test_run_without_an_agent_still_runs_the_command_and_keeps_its_exit_code(home: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wattwatch.cli",
+            "run",
+            "--kind",
+            "training",
+            "--",
+            sys.executable,
+            "-c",
+            "import os, sys; print(os.environ['WATTWATCH_JOB']); sys.exit(3)",
+        ],
+        env={**os.environ, "WATTWATCH_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 3
+    assert len(out.stdout.strip()) == 32  # the job id handed to the command
+    assert "no agent" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "wattwatch demo" in capsys.readouterr().out

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pynvml
@@ -65,7 +66,7 @@ def test_profiles_are_realistic_for_an_h100() -> None:
     idle = [fleet.power_w(0, t) for t in slots]
     train = [fleet.power_w(1, t) for t in slots]
     infer = [fleet.power_w(2, t) for t in slots]
-    assert 60 <= min(idle) and max(idle) <= 75
+    assert min(idle) >= 60 and max(idle) <= 75
     assert all(190 <= p <= 700 for p in train)
     dip_fraction = sum(p < 350 for p in train) / len(train)
     assert 0.08 <= dip_fraction <= 0.22
@@ -134,7 +135,7 @@ def test_replay_rejects_a_corrupt_line_but_ignores_a_line_being_written(tmp_path
     truth.write_text('{"index": 0, "kind": "training", "t_s": 5.0, "pid": 1}\n{"index": 0, "ki')
     assert SimulatedFleet.replay(truth, 1).activity(0, 6.0) == "training"
     truth.write_text('{"index": 0, "kind": "dancing", "t_s": 5.0, "pid": 1}\n')
-    with pytest.raises(ValueError, match="truth.jsonl:1"):
+    with pytest.raises(ValueError, match=r"truth\.jsonl:1"):
         SimulatedFleet.replay(truth, 1)
 
 
@@ -154,7 +155,7 @@ def test_energy_counter_advances_every_100_ms_in_integer_mj() -> None:
             assert value > values[-1]
             changes.append(clock.t_s)
         values.append(value)
-    gaps = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+    gaps = [b - a for a, b in pairwise(changes)]
     assert len(changes) in (19, 20)
     assert all(abs(g - COUNTER_PERIOD_S) < 1.5e-3 for g in gaps)
     # The value is the floor of the exact integral since fleet creation, up to the last update.

@@ -1,0 +1,544 @@
+"""NVIDIA GPUs through NVML: cumulative joules from the energy counter, boundary reads pinned to its updates.
+
+``nvmlDeviceGetTotalEnergyConsumption`` (mJ since driver load, Volta and newer) is the source of truth.
+It only refreshes every ~100 ms, so a boundary read (``read_at``) polls until the counter moves and
+subtracts the energy drawn between the boundary and that update, integrated from the instant power
+sampled while polling. Devices without the counter are integrated from ``NVML_FI_DEV_POWER_INSTANT``
+by a background thread. NVML's errors are translated once, in ``nvml_errors``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from wattwatch.errors import (
+    ConfigError,
+    DeviceLost,
+    DeviceNotFound,
+    NotSupported,
+    PermissionDenied,
+    SensorError,
+)
+from wattwatch.sensors.base import DeviceInfo, EnergyReading
+from wattwatch.units import Source, mj_to_j, mw_to_w
+
+log = logging.getLogger(__name__)
+
+NO_DRIVER = "NVML library not found / no NVIDIA driver"
+NO_DRIVER_FIX = "install the NVIDIA driver, or try --simulate N"
+
+
+# -- error translation (the only place that knows NVML's error codes) -------------------------------
+
+
+def translate_nvml_error(nvml: Any, exc: BaseException, what: str) -> SensorError:
+    """The wattwatch error for an ``NVMLError`` raised while doing ``what``; says what to do next."""
+    code = getattr(exc, "value", None)
+
+    def is_(*names: str) -> bool:
+        return any(code == getattr(nvml, f"NVML_ERROR_{name}", object()) for name in names)
+
+    if is_("GPU_IS_LOST"):
+        return DeviceLost(
+            f"{what}: the GPU fell off the bus (NVML: {exc}); check `dmesg` for Xid errors and "
+            "`nvidia-smi`; the GPU needs a reset or the host a reboot"
+        )
+    if is_("NOT_SUPPORTED", "FUNCTION_NOT_FOUND"):
+        return NotSupported(
+            f"{what}: not supported by this GPU or driver (NVML: {exc}); energy counters need a Volta or "
+            "newer GPU and a recent driver; wattwatch falls back to integrating power"
+        )
+    if is_("NO_PERMISSION"):
+        return PermissionDenied(
+            f"{what}: the NVIDIA driver refused access (NVML: {exc}); run the agent as a user that may "
+            "open /dev/nvidia* (root, or the group owning those files)"
+        )
+    if is_("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED"):
+        return DeviceNotFound(f"{what}: {NO_DRIVER} (NVML: {exc}); {NO_DRIVER_FIX}")
+    if is_("NOT_FOUND", "GPU_NOT_FOUND"):
+        return DeviceNotFound(f"{what}: no such GPU (NVML: {exc}); list the GPUs with `nvidia-smi -L`")
+    return SensorError(f"{what}: NVML error {exc} (code {code}); check the driver with `nvidia-smi`")
+
+
+@contextmanager
+def nvml_errors(nvml: Any, what: str) -> Iterator[None]:
+    """Context manager turning ``NVMLError`` into wattwatch's error tree (``translate_nvml_error``)."""
+    try:
+        yield
+    except Exception as exc:
+        if not isinstance(exc, nvml.NVMLError):
+            raise
+        raise translate_nvml_error(nvml, exc, what) from exc
+
+
+# -- CUDA_VISIBLE_DEVICES ---------------------------------------------------------------------------
+
+
+def resolve_visible(spec: str, devices: Sequence[DeviceInfo]) -> list[str]:
+    """Map a ``CUDA_VISIBLE_DEVICES`` value to device keys (``gpuN``), in the order given.
+
+    Entries are NVML indices, full UUIDs or unique UUID prefixes (with or without ``GPU-``), comma
+    separated. As in CUDA, a negative index ends the list (``-1`` hides every GPU). Raises ConfigError
+    naming the entry for anything unknown or ambiguous.
+    """
+    gpus = [d for d in devices if d.kind == "gpu"]
+    keys: list[str] = []
+    for raw in spec.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        if entry.lstrip("-").isdigit():
+            index = int(entry)
+            if index < 0:
+                break
+            found = [d for d in gpus if d.index == index]
+            if not found:
+                have = ", ".join(str(d.index) for d in gpus) or "none"
+                raise ConfigError(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r}: no GPU with that index here (indices: {have})"
+                )
+        else:
+            want = entry.lower()
+            found = [
+                d
+                for d in gpus
+                if d.uuid and (d.uuid.lower().startswith(want) or d.uuid.lower().startswith("gpu-" + want))
+            ]
+            if not found:
+                raise ConfigError(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no GPU UUID here; "
+                    "use indices or UUIDs from `nvidia-smi -L`"
+                )
+            if len(found) > 1:
+                raise ConfigError(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is ambiguous (matches "
+                    f"{', '.join(str(d.uuid) for d in found)}); give more of the UUID"
+                )
+        if found[0].key not in keys:
+            keys.append(found[0].key)
+    return keys
+
+
+# -- the sensor -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Device:
+    info: DeviceInfo
+    handle: Any
+    has_counter: bool
+    has_instant: bool
+    # Counter devices: cumulative_j = base_j + raw_mj / 1000; base_j absorbs counter resets.
+    raw_mj: int | None = None
+    raw_t_s: float = 0.0
+    base_j: float = 0.0
+    # Power-only devices: trapezoid integral of sampled power, and recent (t_s, energy_j) for read_at.
+    power_t_s: float | None = None
+    power_w: float = 0.0
+    integral_j: float = 0.0
+    history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))
+    returned_j: float = 0.0  # never return less than this (monotonic promise)
+    pending_flags: set[str] = field(default_factory=set)
+
+    @property
+    def cumulative_j(self) -> float:
+        return self.base_j + mj_to_j(self.raw_mj or 0)
+
+
+class NvmlSensor:
+    """Every NVIDIA GPU on the host, through NVML (``pynvml`` from nvidia-ml-py, or a fake of it).
+
+    ``visible`` (a CUDA_VISIBLE_DEVICES-style string) restricts the devices; the agent leaves it unset
+    and measures all GPUs. ``clock`` and ``sleep`` are injectable so tests run on simulated time.
+    """
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        nvml: Any | None = None,
+        *,
+        visible: str | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        update_period_s: float = 0.1,
+        poll_interval_s: float = 0.002,
+        power_sample_interval_s: float | None = 0.05,
+    ) -> None:
+        if nvml is None:
+            try:
+                import pynvml
+            except ImportError:
+                raise DeviceNotFound(
+                    f"{NO_DRIVER}: the nvidia-ml-py package (module pynvml) is not installed; "
+                    "pip install nvidia-ml-py, or try --simulate N"
+                ) from None
+            nvml = pynvml
+        self._nvml = nvml
+        self._clock = clock
+        self._sleep = sleep
+        self.update_period_s = update_period_s
+        self.poll_interval_s = poll_interval_s
+        self.simulated = bool(getattr(nvml, "WATTWATCH_SIMULATED", False))
+        self._lock = threading.RLock()
+        self._lost: set[str] = set()
+        self._warned: set[str] = set()
+        self._closed = False
+        with nvml_errors(nvml, "initialising NVML"):
+            nvml.nvmlInit()
+        try:
+            devices = self._enumerate()
+            if visible is not None:
+                keep = set(resolve_visible(visible, [d.info for d in devices]))
+                devices = [d for d in devices if d.info.key in keep]
+        except BaseException:
+            self._shutdown()
+            raise
+        self._devices = {d.info.key: d for d in devices}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if power_sample_interval_s is not None and any(not d.has_counter for d in devices):
+            self._thread = threading.Thread(
+                target=self._integrate_loop, args=(power_sample_interval_s,), name="wattwatch-nvml-power", daemon=True
+            )
+            self._thread.start()
+
+    # -- setup --------------------------------------------------------------------------------------
+
+    def _enumerate(self) -> list[_Device]:
+        nvml = self._nvml
+        with nvml_errors(nvml, "counting GPUs"):
+            count = int(nvml.nvmlDeviceGetCount())
+        devices: list[_Device] = []
+        for i in range(count):
+            try:
+                devices.append(self._probe(i))
+            except DeviceLost as exc:
+                log.warning("gpu%d is not measured: %s", i, exc)
+        return devices
+
+    def _probe(self, i: int) -> _Device:
+        nvml = self._nvml
+        with nvml_errors(nvml, f"opening GPU {i}"):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            index = int(nvml.nvmlDeviceGetIndex(handle))
+            model = _text(nvml.nvmlDeviceGetName(handle))
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        limit_w: float | None = None
+        for getter in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"):
+            try:
+                with nvml_errors(nvml, f"reading gpu{index}'s power limit"):
+                    limit_w = mw_to_w(getattr(nvml, getter)(handle))
+                break
+            except NotSupported:
+                continue
+        info = DeviceInfo(key=f"gpu{index}", kind="gpu", index=index, uuid=uuid, model=model, power_limit_w=limit_w)
+        dev = _Device(info=info, handle=handle, has_counter=True, has_instant=True)
+        try:
+            self._instant_power_w(dev)
+        except NotSupported:
+            dev.has_instant = False
+        try:
+            dev.raw_mj = self._counter_mj(dev)
+            dev.raw_t_s = self._clock()
+        except NotSupported:
+            dev.has_counter = False
+            how = "instant power" if dev.has_instant else "the 1 s average power (no instant power either)"
+            log.info("%s has no energy counter (pre-Volta?); integrating %s at >= 10 Hz", info.key, how)
+        return dev
+
+    # -- NVML reads ---------------------------------------------------------------------------------
+
+    def _counter_mj(self, dev: _Device) -> int:
+        with nvml_errors(self._nvml, f"reading {dev.info.key}'s energy counter"):
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
+
+    def _instant_power_w(self, dev: _Device) -> float:
+        nvml = self._nvml
+        with nvml_errors(nvml, f"reading {dev.info.key}'s instant power"):
+            value = nvml.nvmlDeviceGetFieldValues(dev.handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        if value.nvmlReturn != nvml.NVML_SUCCESS:
+            raise translate_nvml_error(
+                nvml, nvml.NVMLError(value.nvmlReturn), f"reading {dev.info.key}'s instant power"
+            )
+        return mw_to_w(value.value.uiVal)
+
+    def _average_power_w(self, dev: _Device) -> float:
+        with nvml_errors(self._nvml, f"reading {dev.info.key}'s power"):
+            return mw_to_w(self._nvml.nvmlDeviceGetPowerUsage(dev.handle))
+
+    def _power_w(self, dev: _Device) -> float:
+        """Instant power when the GPU offers it, else the 1 s average."""
+        return self._instant_power_w(dev) if dev.has_instant else self._average_power_w(dev)
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+
+    def _observe(self, dev: _Device, raw_mj: int, t_s: float) -> None:
+        """Take a counter value; a counter that went down was reset (driver reload), never wrapped."""
+        if dev.raw_mj is not None and raw_mj < dev.raw_mj:
+            # What the GPU drew between our last read and now is unknowable from the counter: bridge it
+            # with the 1 s average power (the best estimate over a tick-long gap), then follow the new one.
+            try:
+                power_w = self._average_power_w(dev)
+            except NotSupported:
+                power_w = self._instant_power_w(dev)
+            bridged_j = power_w * max(0.0, t_s - dev.raw_t_s)
+            dev.base_j = dev.cumulative_j + bridged_j - mj_to_j(raw_mj)
+            dev.pending_flags.add("counter_reset")
+            log.warning(
+                "%s: energy counter went from %d mJ to %d mJ (driver reload?); bridged %.1f J from power",
+                dev.info.key,
+                dev.raw_mj,
+                raw_mj,
+                bridged_j,
+            )
+        dev.raw_mj, dev.raw_t_s = raw_mj, t_s
+
+    def _sample_power(self, dev: _Device) -> None:
+        """Trapezoid step of a power-only device's integral up to now."""
+        power_w = self._power_w(dev)
+        t_s = self._clock()
+        if dev.power_t_s is not None and t_s > dev.power_t_s:
+            dev.integral_j += (power_w + dev.power_w) / 2.0 * (t_s - dev.power_t_s)
+        if dev.power_t_s is None or t_s >= dev.power_t_s:
+            dev.power_t_s, dev.power_w = t_s, power_w
+            dev.history.append((t_s, dev.integral_j))
+        if not dev.has_instant:
+            dev.pending_flags.add("power_averaged")
+
+    def _emit(self, dev: _Device, t_s: float, energy_j: float, *flags: str) -> EnergyReading:
+        value_j = max(energy_j, dev.returned_j)
+        dev.returned_j = value_j
+        all_flags = tuple(sorted(dev.pending_flags.union(flags)))
+        dev.pending_flags.clear()
+        return EnergyReading(device=dev.info.key, t_s=t_s, energy_j=value_j, source=self._source(dev), flags=all_flags)
+
+    def _source(self, dev: _Device) -> Source:
+        if self.simulated:
+            return "simulated"
+        return "counter" if dev.has_counter else "power"
+
+    def _live(self) -> list[_Device]:
+        return [d for k, d in self._devices.items() if k not in self._lost]
+
+    def _mark_lost(self, dev: _Device, exc: DeviceLost) -> None:
+        if dev.info.key not in self._lost:
+            self._lost.add(dev.info.key)
+            log.error(
+                "%s (%s) is lost and no longer measured; the other GPUs are: %s", dev.info.key, dev.info.uuid, exc
+            )
+
+    def _warn_once(self, dev: _Device, exc: SensorError) -> None:
+        text = f"{dev.info.key}: {exc}"
+        if text not in self._warned:
+            self._warned.add(text)
+            log.warning("%s (skipping this reading)", text)
+
+    # -- Sensor protocol ----------------------------------------------------------------------------
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """The GPUs measured (fixed at construction; a lost GPU stays listed but yields no readings)."""
+        return [d.info for d in self._devices.values()]
+
+    @property
+    def lost(self) -> frozenset[str]:
+        """Keys of GPUs that fell off the bus since the sensor started."""
+        return frozenset(self._lost)
+
+    def read(self) -> list[EnergyReading]:
+        """Cumulative J per live GPU, now. The counter value is as of its last (<= 100 ms old) update."""
+        out: list[EnergyReading] = []
+        with self._lock:
+            for dev in self._live():
+                try:
+                    if dev.has_counter:
+                        raw_mj = self._counter_mj(dev)
+                        t_s = self._clock()
+                        self._observe(dev, raw_mj, t_s)
+                        out.append(self._emit(dev, t_s, dev.cumulative_j))
+                    else:
+                        self._sample_power(dev)
+                        assert dev.power_t_s is not None
+                        out.append(self._emit(dev, dev.power_t_s, dev.integral_j))
+                except DeviceLost as exc:
+                    self._mark_lost(dev, exc)
+                except SensorError as exc:
+                    self._warn_once(dev, exc)
+        return out
+
+    def read_at(self, t_s: float) -> list[EnergyReading]:
+        """Cumulative J per live GPU as of ``t_s`` (just past), pinned to each counter's next update.
+
+        Polls every ``poll_interval_s`` until each counter changes after ``t_s`` (at ``t_u``), then
+        returns ``E(t_u)`` minus the energy in ``[t_s, t_u]`` integrated from power sampled while polling.
+        Gives up after 2.5 update periods, or refines only roughly when ``t_s`` is more than one period
+        old; both are flagged ``boundary_unrefined``.
+        """
+        with self._lock:
+            live = self._live()
+            values: dict[str, tuple[float, tuple[str, ...]]] = {}
+            counters = [d for d in live if d.has_counter]
+            if counters:
+                values.update(self._boundary_counters(counters, t_s))
+            for dev in live:
+                if not dev.has_counter:
+                    try:
+                        values[dev.info.key] = self._boundary_power(dev, t_s)
+                    except DeviceLost as exc:
+                        self._mark_lost(dev, exc)
+                    except SensorError as exc:
+                        self._warn_once(dev, exc)
+            out: list[EnergyReading] = []
+            for dev in live:
+                if dev.info.key in values:
+                    energy_j, flags = values[dev.info.key]
+                    out.append(self._emit(dev, t_s, energy_j, *flags))
+            return out
+
+    def _boundary_counters(self, devs: list[_Device], t_s: float) -> dict[str, tuple[float, tuple[str, ...]]]:
+        probes = {d.info.key: _Probe(d) for d in devs}
+        start_s = self._clock()
+        late = start_s - t_s > self.update_period_s  # the counter moved since t_s before we looked
+        deadline_s = max(start_s, t_s) + 2.5 * self.update_period_s
+        # Also bound the number of polls, so a clock that does not move cannot hang the agent.
+        polls_left = 2 * int((deadline_s - start_s) / self.poll_interval_s) + 10
+        done: dict[str, tuple[float, tuple[str, ...]]] = {}
+        while probes:
+            now_s = self._clock()
+            for key, probe in list(probes.items()):
+                dev = probe.dev
+                try:
+                    raw_mj = self._counter_mj(dev)
+                    self._observe(dev, raw_mj, now_s)
+                    probe.samples.append((now_s, self._power_w(dev)))
+                except DeviceLost as exc:
+                    self._mark_lost(dev, exc)
+                    del probes[key]
+                    continue
+                except SensorError as exc:
+                    self._warn_once(dev, exc)
+                    del probes[key]
+                    continue
+                if probe.last_raw_mj is not None and raw_mj != probe.last_raw_mj and probe.last_t_s >= t_s:
+                    # The update happened in (last poll, this poll]: take the midpoint as its time.
+                    t_u = (probe.last_t_s + now_s) / 2.0
+                    after_j = _integrate(probe.samples, t_s, t_u)
+                    done[key] = (dev.cumulative_j - after_j, ("boundary_unrefined",) if late else ())
+                    del probes[key]
+                    continue
+                probe.last_raw_mj, probe.last_t_s = raw_mj, now_s
+            if not probes:
+                break
+            polls_left -= 1
+            if self._clock() >= deadline_s or polls_left <= 0:
+                for key, probe in probes.items():
+                    log.debug("%s: counter did not move within %.2f s of a boundary", key, 2.5 * self.update_period_s)
+                    done[key] = (probe.dev.cumulative_j, ("boundary_unrefined",))
+                break
+            self._sleep(self.poll_interval_s)
+        return done
+
+    def _boundary_power(self, dev: _Device, t_s: float) -> tuple[float, tuple[str, ...]]:
+        self._sample_power(dev)
+        hist = list(dev.history)
+        # Interpolate the integral at t_s between the samples around it (the thread samples >= 10 Hz).
+        for (t0, e0), (t1, e1) in pairwise(hist):
+            if t0 <= t_s <= t1:
+                return (e0 + (e1 - e0) * (t_s - t0) / (t1 - t0) if t1 > t0 else e1), ()
+        if hist and t_s >= hist[-1][0]:
+            return hist[-1][1], ()
+        return (hist[0][1] if hist else dev.integral_j), ("boundary_unrefined",)
+
+    def running_pids(self, key: str) -> set[int]:
+        """Pids of compute processes NVML lists on GPU ``key`` (empty when unsupported or lost)."""
+        dev = self._devices.get(key)
+        if dev is None:
+            raise DeviceNotFound(f"no GPU {key!r} here; known: {', '.join(self._devices) or 'none'}")
+        with self._lock:
+            if key in self._lost:
+                return set()
+            try:
+                with nvml_errors(self._nvml, f"listing processes on {key}"):
+                    procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(dev.handle)
+            except NotSupported:
+                return set()
+            except DeviceLost as exc:
+                self._mark_lost(dev, exc)
+                return set()
+        return {int(p.pid) for p in procs}
+
+    def close(self) -> None:
+        """Stop the power integrator and shut NVML down; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        try:
+            with nvml_errors(self._nvml, "shutting NVML down"):
+                self._nvml.nvmlShutdown()
+        except SensorError as exc:
+            log.debug("%s", exc)
+
+    def _integrate_loop(self, interval_s: float) -> None:
+        # Real time on purpose (Event.wait), whatever clock the readings use.
+        while not self._stop.wait(interval_s):
+            with self._lock:
+                for dev in self._live():
+                    if dev.has_counter:
+                        continue
+                    try:
+                        self._sample_power(dev)
+                    except DeviceLost as exc:
+                        self._mark_lost(dev, exc)
+                    except SensorError as exc:
+                        self._warn_once(dev, exc)
+
+
+@dataclass
+class _Probe:
+    """One device's state while a boundary read polls it."""
+
+    dev: _Device
+    last_raw_mj: int | None = None
+    last_t_s: float = 0.0
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (t_s, power_w)
+
+
+def _integrate(samples: list[tuple[float, float]], a_s: float, b_s: float) -> float:
+    """Integral of power over ``[a_s, b_s]`` from (t_s, power_w) samples: linear between samples, held
+    constant outside them."""
+    if b_s <= a_s or not samples:
+        return 0.0
+    total = 0.0
+    first_t, first_p = samples[0]
+    if a_s < first_t:
+        total += first_p * (min(b_s, first_t) - a_s)
+    for (t0, p0), (t1, p1) in pairwise(samples):
+        lo, hi = max(a_s, t0), min(b_s, t1)
+        if hi <= lo or t1 <= t0:
+            continue
+        p_lo = p0 + (p1 - p0) * (lo - t0) / (t1 - t0)
+        p_hi = p0 + (p1 - p0) * (hi - t0) / (t1 - t0)
+        total += (p_lo + p_hi) / 2.0 * (hi - lo)
+    last_t, last_p = samples[-1]
+    if b_s > last_t:
+        total += last_p * (b_s - max(a_s, last_t))
+    return total
+
+
+def _text(value: Any) -> str:
+    """NVML strings are ``bytes`` in old bindings and ``str`` in new ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,161 @@
+"""CPU package and DRAM energy from Linux powercap RAPL counters (``/sys/class/powercap/intel-rapl:*``).
+
+Each zone's ``energy_uj`` is a wrapping counter; a value lower than the previous one wrapped once
+(add ``max_energy_range_uj``), which is why the agent must read faster than the wrap period (tens of
+minutes at full power on current parts). AMD packages appear under the same ``intel-rapl`` names.
+The root is a constructor parameter so tests read a fixture tree.
+
+Zones: ``intel-rapl:N`` named ``package-P`` -> device ``cpuP``; its sub-zone named ``dram`` ->
+``dramP``; ``psys`` (whole SoC platform) only with ``include_psys=True``, since it contains the packages
+and would count them twice next to them. ``core``/``uncore`` sub-zones are parts of the package and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from wattwatch.errors import DeviceNotFound, PermissionDenied, SensorError
+from wattwatch.sensors.base import DeviceInfo, EnergyReading
+from wattwatch.units import DeviceKind, uj_to_j
+
+log = logging.getLogger(__name__)
+
+_ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
+
+PERMISSION_FIX = (
+    "run the agent as root, or make energy_uj readable with a udev rule such as "
+    'SUBSYSTEM=="powercap", ACTION=="add", RUN+="/bin/chmod a+r /sys%p/energy_uj" '
+    "(since Linux 5.10 only root may read it)"
+)
+
+
+@dataclass
+class _Zone:
+    info: DeviceInfo
+    path: Path
+    max_range_uj: int
+    last_uj: int
+    t_s: float
+    total_uj: int = 0  # unwrapped energy since the sensor started
+    power_w: float = 0.0  # over the last interval, for read_at
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except PermissionError:
+        raise PermissionDenied(f"cannot read {path}: permission denied; {PERMISSION_FIX}") from None
+    except (OSError, ValueError) as exc:
+        raise SensorError(f"cannot read {path} ({exc}); is the intel_rapl_common module loaded?") from None
+
+
+class RaplSensor:
+    """CPU packages (``cpuN``) and their DRAM (``dramN``) through powercap RAPL ``energy_uj`` counters."""
+
+    name = "rapl"
+
+    def __init__(
+        self,
+        root: Path = Path("/sys/class/powercap"),
+        clock: Callable[[], float] = time.time,
+        *,
+        include_psys: bool = False,
+    ) -> None:
+        self.root = root
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._zones = self._discover(include_psys)
+        if not self._zones:
+            raise DeviceNotFound(
+                f"no RAPL package zones under {root}; this CPU or kernel offers no RAPL (common in VMs), "
+                "or the intel_rapl_common module is not loaded (modprobe intel_rapl_common)"
+            )
+
+    def _discover(self, include_psys: bool) -> list[_Zone]:
+        try:
+            entries = sorted(p for p in self.root.iterdir() if _ZONE.match(p.name))
+        except OSError:
+            return []
+        zones: list[_Zone] = []
+        package_of: dict[str, int] = {}  # "intel-rapl:N" -> package number P
+        for path in sorted(entries, key=lambda p: p.name.count(":")):  # packages before their sub-zones
+            m = _ZONE.match(path.name)
+            assert m is not None
+            try:
+                zone_name = (path / "name").read_text().strip()
+            except OSError:
+                continue
+            kind: DeviceKind
+            if m.group(2) is None:
+                if zone_name.startswith("package-"):
+                    number = int(zone_name.split("-", 1)[1]) if zone_name[8:].isdigit() else int(m.group(1))
+                    package_of[f"intel-rapl:{m.group(1)}"] = number
+                    key, kind = f"cpu{number}", "cpu"
+                elif zone_name == "psys" and include_psys:
+                    key, kind, number = "psys0", "cpu", 0
+                else:
+                    continue
+            elif zone_name == "dram":
+                number = package_of.get(f"intel-rapl:{m.group(1)}", int(m.group(1)))
+                key, kind = f"dram{number}", "dram"
+            else:
+                continue  # core/uncore are inside the package's own count
+            if not (path / "energy_uj").exists():
+                continue
+            raw_uj = _read_int(path / "energy_uj")
+            try:
+                max_range_uj = int((path / "max_energy_range_uj").read_text().strip())
+            except (OSError, ValueError):
+                max_range_uj = 0
+            info = DeviceInfo(key=key, kind=kind, index=number, model=f"RAPL {zone_name}")
+            zones.append(_Zone(info=info, path=path, max_range_uj=max_range_uj, last_uj=raw_uj, t_s=self._clock()))
+        return zones
+
+    def _advance(self, zone: _Zone) -> None:
+        raw_uj = _read_int(zone.path / "energy_uj")
+        now_s = self._clock()
+        delta_uj = raw_uj - zone.last_uj
+        if delta_uj < 0:
+            # Went down: wrapped once (the agent reads far more often than the wrap period).
+            delta_uj += zone.max_range_uj
+            if delta_uj < 0:
+                log.warning("%s: counter went down with no usable max_energy_range_uj; interval skipped", zone.path)
+                delta_uj = 0
+        if now_s > zone.t_s:
+            zone.power_w = uj_to_j(delta_uj) / (now_s - zone.t_s)
+        zone.total_uj += delta_uj
+        zone.last_uj, zone.t_s = raw_uj, now_s
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """``cpuN`` per package and ``dramN`` where the package exposes a DRAM zone."""
+        return [z.info for z in self._zones]
+
+    def read(self) -> list[EnergyReading]:
+        """Cumulative J per zone since the sensor started, unwrapped."""
+        with self._lock:
+            out = []
+            for zone in self._zones:
+                self._advance(zone)
+                out.append(EnergyReading(zone.info.key, zone.t_s, uj_to_j(zone.total_uj), "counter"))
+            return out
+
+    def read_at(self, t_s: float) -> list[EnergyReading]:
+        """Cumulative J at ``t_s`` (just past): RAPL updates every ~1 ms, so read now and take off the
+        energy since ``t_s`` at the power of the interval just read."""
+        with self._lock:
+            out = []
+            for zone in self._zones:
+                previous_j = uj_to_j(zone.total_uj)
+                self._advance(zone)
+                energy_j = uj_to_j(zone.total_uj) - zone.power_w * max(0.0, zone.t_s - t_s)
+                out.append(EnergyReading(zone.info.key, t_s, max(previous_j, energy_j), "counter"))
+            return out
+
+    def close(self) -> None:
+        """Nothing to release; idempotent."""

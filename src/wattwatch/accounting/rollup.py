@@ -53,9 +53,6 @@ class BatchRollup:
     job_device: dict[tuple[str, str], JobDeviceTotals] = field(default_factory=dict)
     job_host: dict[str, JobHostTotals] = field(default_factory=dict)
     idle_j: dict[tuple[str, float], float] = field(default_factory=dict)
-    # Per interval (same order as the input): job id -> joules, idle joules. Kept for callers that store
-    # the attribution next to the raw record; costs nothing extra to return.
-    parts: list[tuple[dict[str, float], float]] = field(default_factory=list)
 
 
 def hour_floor_s(t_s: float) -> float:
@@ -75,7 +72,6 @@ def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
     per_tick_j: dict[tuple[str, float, float], float] = {}
     for iv in intervals:
         jobs_j, idle_j = split_interval(iv.energy_j, iv.shares, iv.idle_weight)
-        out.parts.append((jobs_j, idle_j))
         duration_s = iv.t_end_s - iv.t_start_s
         for job_id, part_j in jobs_j.items():
             jd = out.job_device.setdefault((job_id, iv.device), JobDeviceTotals())

@@ -379,8 +379,9 @@ class NvmlSensor:
 
         Polls every ``poll_interval_s`` until each counter changes after ``t_s`` (at ``t_u``), then
         returns ``E(t_u)`` minus the energy in ``[t_s, t_u]`` integrated from power sampled while polling.
-        Gives up after 2.5 update periods, or refines only roughly when ``t_s`` is more than one period
-        old; both are flagged ``boundary_unrefined``.
+        When polling starts late, the counter's own window around ``t_s`` bounds the estimate. Gives up
+        after 2.5 update periods, and extrapolates when ``t_s`` is older than the update the first poll
+        saw; both are flagged ``boundary_unrefined`` (the latter when over half a period is extrapolated).
         """
         with self._lock:
             live = self._live()
@@ -406,7 +407,6 @@ class NvmlSensor:
     def _boundary_counters(self, devs: list[_Device], t_s: float) -> dict[str, tuple[float, tuple[str, ...]]]:
         probes = {d.info.key: _Probe(d) for d in devs}
         start_s = self._clock()
-        late = start_s - t_s > self.update_period_s  # the counter moved since t_s before we looked
         deadline_s = max(start_s, t_s) + 2.5 * self.update_period_s
         # Also bound the number of polls, so a clock that does not move cannot hang the agent.
         polls_left = 2 * int((deadline_s - start_s) / self.poll_interval_s) + 10
@@ -419,6 +419,8 @@ class NvmlSensor:
                     raw_mj = self._counter_mj(dev)
                     self._observe(dev, raw_mj, now_s)
                     probe.samples.append((now_s, self._power_w(dev)))
+                    if probe.first_j is None:
+                        probe.first_j, probe.first_t_s = dev.cumulative_j, now_s
                 except DeviceLost as exc:
                     self._mark_lost(dev, exc)
                     del probes[key]
@@ -430,8 +432,7 @@ class NvmlSensor:
                 if probe.last_raw_mj is not None and raw_mj != probe.last_raw_mj and probe.last_t_s >= t_s:
                     # The update happened in (last poll, this poll]: take the midpoint as its time.
                     t_u = (probe.last_t_s + now_s) / 2.0
-                    after_j = _integrate(probe.samples, t_s, t_u)
-                    done[key] = (dev.cumulative_j - after_j, ("boundary_unrefined",) if late else ())
+                    done[key] = self._pin(probe, t_s, t_u)
                     del probes[key]
                     continue
                 probe.last_raw_mj, probe.last_t_s = raw_mj, now_s
@@ -445,6 +446,30 @@ class NvmlSensor:
                 break
             self._sleep(self.poll_interval_s)
         return done
+
+    def _pin(self, probe: _Probe, t_s: float, t_u: float) -> tuple[float, tuple[str, ...]]:
+        """E(t_s) from the counter update at ``t_u`` and the power sampled while polling."""
+        u_j = probe.dev.cumulative_j
+        first_t_s, first_p_w = probe.samples[0]
+        if first_t_s - t_s <= self.poll_interval_s:
+            # Polling began at the boundary: the samples cover [t_s, t_u].
+            return u_j - _integrate(probe.samples, t_s, t_u), ()
+        # We looked late, so [t_s, first poll] was not sampled. The first poll saw the update at
+        # t_p = t_u - period (updates come on a fixed cadence), so the counter knows the energy of
+        # [t_p, first poll] exactly; if t_s lies in it, only its split around t_s is estimated.
+        sampled_j = _integrate(probe.samples, first_t_s, t_u)
+        t_p = t_u - self.update_period_s
+        first_j = u_j if probe.first_j is None else probe.first_j
+        gap_j = max(0.0, u_j - first_j - sampled_j)
+        if t_p <= t_s < first_t_s:
+            # The nearest power sample, capped by what the counter says that stretch used (measured
+            # better than splitting it evenly, which smears a training dip over the whole window).
+            before_j = min(gap_j, first_p_w * (first_t_s - t_s))
+            return u_j - sampled_j - before_j, ()
+        # t_s is before that update too: extrapolate the first power sample, and say so when that
+        # covers more than half an update period.
+        unpinned = first_t_s - t_s > self.update_period_s / 2
+        return u_j - _integrate(probe.samples, t_s, t_u), ("boundary_unrefined",) if unpinned else ()
 
     def _boundary_power(self, dev: _Device, t_s: float) -> tuple[float, tuple[str, ...]]:
         self._sample_power(dev)
@@ -514,6 +539,8 @@ class _Probe:
     dev: _Device
     last_raw_mj: int | None = None
     last_t_s: float = 0.0
+    first_j: float | None = None  # cumulative J at the first poll (the counter's update before it)
+    first_t_s: float = 0.0
     samples: list[tuple[float, float]] = field(default_factory=list)  # (t_s, power_w)
 
 

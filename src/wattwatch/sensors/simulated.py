@@ -253,10 +253,9 @@ class _Segment:
 class _Board:
     """One board's activity timeline and fault state."""
 
-    def __init__(self, seed: int, index: int, created_s: float) -> None:
+    def __init__(self, seed: int, index: int) -> None:
         self.index = index
         self.board_key = _key(seed, index)
-        self.created_s = created_s
         # The first segment is open-ended to the past, on the absolute slot grid, so that the truth does
         # not depend on when the fleet object was created (a replay in another process gets the same joules).
         first = _Segment(-math.inf, "idle", frozenset(), _Idle(_key(self.board_key, 0), 0.0, self.board_key))
@@ -355,7 +354,7 @@ class SimulatedFleet:
         self.model = model
         self.created_s = clock()
         self._lock = threading.RLock()
-        self._boards = [_Board(seed, i, self.created_s) for i in range(n_gpus)]
+        self._boards = [_Board(seed, i) for i in range(n_gpus)]
         self.truth_path = truth_path
         self._truth: Any = None
         if truth_path is not None:

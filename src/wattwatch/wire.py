@@ -158,9 +158,10 @@ def decode_as(body: bytes, typ: type[T]) -> T:
 def _split_msgspec_error(text: str) -> tuple[str, str]:
     """``"Expected int - at `$.a[0].b`"`` -> ``("a[0].b", "Expected int")``; names missing/unknown fields."""
     message, sep, where = text.rpartition(" - at `")
+    # msgspec gives no location for errors in the top-level object itself.
+    path = where.rstrip("`").removeprefix("$").lstrip(".") if sep else ""
     if not sep:
-        return "body", text
-    path = where.rstrip("`").removeprefix("$").lstrip(".")
+        message = text
     # msgspec reports missing/unknown fields at the parent path; put the field's own name in the path.
     # Our own __post_init__ checks name their field as "@field: message".
     if message.startswith("@") and ": " in message:

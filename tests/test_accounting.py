@@ -114,3 +114,16 @@ def test_rollup_peak_is_whole_host_per_tick_and_idle_goes_to_the_start_hour() ->
     assert rollup.idle_j == {("gpu1", 7200.0): 100.0, ("cpu0", 3600.0): pytest.approx(40.0)}
     assert hour_floor_s(7199.9) == 3600.0
     assert hour_floor_s(7200.0) == 7200.0
+
+
+def test_rollup_takes_no_peak_from_intervals_shorter_than_the_power_window() -> None:
+    # A job boundary 20 ms before a tick: the counter's 100 ms steps make that interval's "power" noise.
+    rollup = rollup_intervals(
+        [
+            IntervalIn("gpu0", 10.0, 10.02, 30.0, "counter", {"j": 1.0}),  # 1500 W "peak": quantisation
+            IntervalIn("gpu0", 10.02, 11.02, 600.0, "counter", {"j": 1.0}),
+        ]
+    )
+    assert rollup.job_host["j"].peak_power_w == pytest.approx(600.0)
+    assert rollup.job_device[("j", "gpu0")].max_power_w == pytest.approx(600.0)
+    assert rollup.job_device[("j", "gpu0")].energy_j == pytest.approx(630.0)

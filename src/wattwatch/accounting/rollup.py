@@ -55,6 +55,12 @@ class BatchRollup:
     idle_j: dict[tuple[str, float], float] = field(default_factory=dict)
 
 
+# An energy counter advances about every 100 ms and tick reads are not pinned to its updates, so the
+# power of a shorter interval (a job boundary just before a tick) is mostly quantisation noise. Peak
+# power is taken over intervals at least this long; the report never shows a peak below the average.
+MIN_POWER_WINDOW_S = 0.5
+
+
 def hour_floor_s(t_s: float) -> float:
     """Start of the UTC hour containing ``t_s`` (epoch seconds)."""
     return math.floor(t_s / HOUR_S) * HOUR_S
@@ -66,7 +72,7 @@ def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
     A job's peak power on the host is the largest, over ticks, of its energy summed over the host's
     devices for intervals with identical ``(t_start_s, t_end_s)``, divided by the tick's duration.
     Agents close all devices' intervals at the same instants, so identical bounds mean "same tick".
-    Zero-length intervals add energy but no power (their power is undefined).
+    Intervals shorter than ``MIN_POWER_WINDOW_S`` add energy but no peak.
     """
     out = BatchRollup()
     per_tick_j: dict[tuple[str, float, float], float] = {}
@@ -77,7 +83,7 @@ def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
             jd = out.job_device.setdefault((job_id, iv.device), JobDeviceTotals())
             jd.energy_j += part_j
             jd.sources.add(iv.source)
-            if duration_s > 0:
+            if duration_s >= MIN_POWER_WINDOW_S:
                 jd.max_power_w = max(jd.max_power_w, part_j / duration_s)
                 tick = (job_id, iv.t_start_s, iv.t_end_s)
                 per_tick_j[tick] = per_tick_j.get(tick, 0.0) + part_j

@@ -66,10 +66,13 @@ class Sampler:
                     readings.extend(sensor.read())
             except Exception:  # one broken sensor must not stop the others
                 log.exception("sensor %s failed to read; its devices get no interval this time", sensor.name)
+        # One stamp per sample: the sensors were read microseconds apart, and identical interval bounds
+        # let the collector add a job's devices up tick by tick (peak power over all its GPUs).
+        stamp_s = max((r.t_s for r in readings), default=0.0)
         intervals: list[wire.Interval] = []
         for reading in readings:
             last = self._last.get(reading.device)
-            t_s = max(reading.t_s, last.t_s if last else reading.t_s)
+            t_s = max(stamp_s, last.t_s if last else stamp_s)
             energy_j = reading.energy_j
             self.last_t_s = max(self.last_t_s, t_s)
             if last is None:

@@ -116,6 +116,7 @@ def _job_entries(
         per_host = per_job_host.get(job.id, {})
         sources = sorted(per_job_sources.get(job.id, set()))
         notes = [_SOURCE_NOTES[s] for s in sources if s in _SOURCE_NOTES]
+        avg_power_w = energy_j / duration_s if duration_s > 0 else None
         entries[job.id] = {
             "id": job.id,
             "name": job.name,
@@ -129,9 +130,10 @@ def _job_entries(
             "gpu_energy_j": by_kind["gpu"],
             "cpu_energy_j": by_kind["cpu"],
             "dram_energy_j": by_kind["dram"],
-            "avg_power_w": energy_j / duration_s if duration_s > 0 else None,
+            "avg_power_w": avg_power_w,
             # Sum of each host's peak: exact on one host, an upper bound when hosts peak at different times.
-            "peak_power_w": math.fsum(h["peak_power_w"] for h in per_host.values()),
+            # A job shorter than a peak window has no peak of its own: its average is the best figure.
+            "peak_power_w": max(math.fsum(h["peak_power_w"] for h in per_host.values()), avg_power_w or 0.0),
             "queries": n_queries,
             "tokens": tokens,
             "energy_per_query_j": energy_j / n_queries if n_queries else None,

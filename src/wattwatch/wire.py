@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gzip
 import math
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -20,6 +20,7 @@ from wattwatch.units import DeviceKind, JobKind, Source
 
 WIRE_VERSION = 1
 T = TypeVar("T")
+SpanKind = Literal["query", "step", "epoch"]
 
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 Epoch_s = Annotated[float, msgspec.Meta(ge=0.0, le=1.0e10)]
@@ -82,11 +83,29 @@ class Job(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Query(msgspec.Struct, forbid_unknown_fields=True):
-    """One inference request served by ``job`` between ``t_start_s`` and ``t_end_s``."""
+    """One span of ``job`` between ``t_start_s`` and ``t_end_s``: an inference request (``kind="query"``)
+    or a training step or epoch marked through the SDK (``"step"``, ``"epoch"``)."""
 
     job: Key
     t_start_s: Epoch_s
     t_end_s: Epoch_s
+    tokens_in: NonNegInt = 0
+    tokens_out: NonNegInt = 0
+    kind: SpanKind = "query"
+
+    def __post_init__(self) -> None:
+        if self.t_end_s < self.t_start_s:
+            raise ValueError("@t_end_s: must not be earlier than t_start_s")
+
+
+class QueryCount(msgspec.Struct, forbid_unknown_fields=True):
+    """Requests ``job`` completed in ``[t_start_s, t_end_s]`` without per-request spans (counter deltas
+    scraped from a serving engine's metrics): energy per query is then window energy / count."""
+
+    job: Key
+    t_start_s: Epoch_s
+    t_end_s: Epoch_s
+    queries: NonNegInt
     tokens_in: NonNegInt = 0
     tokens_out: NonNegInt = 0
 
@@ -107,6 +126,7 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     intervals: list[Interval] = []
     jobs: list[Job] = []
     queries: list[Query] = []
+    query_counts: list[QueryCount] = []
 
     def __post_init__(self) -> None:
         if self.version != WIRE_VERSION:

@@ -340,3 +340,40 @@ def test_real_pynvml_without_a_driver_is_device_not_found() -> None:
     else:  # a machine with a GPU: the real thing works
         assert sensor.devices()
         sensor.close()
+
+
+def test_process_utilization_is_the_mean_per_pid_since_a_time() -> None:
+    fleet, clock, sensor = rig()
+    fleet.set_activity(0, "training", T0, pid=10)
+    fleet.set_process_utilization(0, 10, 75.0, T0)
+    fleet.set_process_utilization(0, 11, 25.0, T0)
+    fleet.set_process_utilization(0, 11, 50.0, T0 + 1.0)
+    clock.t_s = T0 + 2.0
+    # The first sample after T0 also covers a moment before the pids started: ask from just past it.
+    shares = sensor.process_utilization("gpu0", T0 + 0.2)
+    assert shares[10] == pytest.approx(75.0)
+    assert shares[11] == pytest.approx(39.5, abs=2.5)  # 0.8 s at 25 %, 1 s at 50 %, on a 1/6 s grid
+    assert 0 < sensor.process_utilization("gpu0", T0)[10] < 75.0
+    assert sensor.process_utilization("gpu0", T0 + 1.2)[11] == pytest.approx(50.0)
+    assert sensor.process_utilization("gpu1", T0) == {}  # no samples: NVML's NotFound
+    assert sensor.process_utilization("gpu0", clock.t_s) == {}
+    assert sensor.running_pids("gpu0") == {10, 11}
+    with pytest.raises(DeviceNotFound):
+        sensor.process_utilization("gpu9", T0)
+    fleet.lose(0)
+    assert sensor.process_utilization("gpu0", T0) == {}
+    assert "gpu0" in sensor.lost
+
+
+def test_process_utilization_unsupported_is_empty() -> None:
+    fleet, clock, sensor = rig(n=1)
+    module = sensor._nvml
+
+    def unsupported(handle: Any, since_us: int) -> list[Any]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    module.nvmlDeviceGetProcessUtilization = unsupported
+    fleet.set_process_utilization(0, 10, 75.0, T0)
+    clock.t_s = T0 + 1.0
+    assert sensor.process_utilization("gpu0", T0) == {}
+    assert sensor.lost == frozenset()

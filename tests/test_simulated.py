@@ -298,3 +298,48 @@ def test_concurrent_readers_and_a_driver() -> None:
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_per_process_utilisation_is_sampled_like_nvml(tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    fleet, clock = make_fleet(n=2, truth_path=truth)
+    nv = fleet.module()
+    nv.nvmlInit()
+    handle = nv.nvmlDeviceGetHandleByIndex(1)
+    fleet.set_process_utilization(1, 500, 60.0, T0 + 1.0)
+    fleet.set_process_utilization(1, 501, 20.0, T0 + 1.0)
+    fleet.set_process_utilization(1, 501, 0.0, T0 + 2.0)  # 501 leaves
+    assert fleet.process_utilization(1, 500, T0 + 1.5) == 60.0
+    assert fleet.process_utilization(1, 501, T0 + 1.5) == 20.0
+    assert fleet.process_utilization(1, 501, T0 + 2.5) == 0.0
+    assert fleet.process_utilization(1, 500, T0 + 0.5) == 0.0
+    with pytest.raises(ValueError):
+        fleet.set_process_utilization(1, 500, 120.0, T0 + 3.0)
+
+    clock.t_s = T0 + 1.5
+    assert sorted(p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)) == [500, 501]
+    samples = nv.nvmlDeviceGetProcessUtilization(handle, int((T0 + 1.1) * 1e6))
+    assert isinstance(samples[0], pynvml.c_nvmlProcessUtilizationSample_t)
+    stamps = sorted({s.timeStamp for s in samples})
+    assert all(s.timeStamp > (T0 + 1.1) * 1e6 and s.timeStamp <= clock.t_s * 1e6 for s in samples)
+    assert [round(b - a) for a, b in pairwise(stamps)] in ([166_667] * (len(stamps) - 1), [166_666] * (len(stamps) - 1))
+    assert len(stamps) == 2  # 0.4 s at ~6 samples per second
+    assert {(s.pid, s.smUtil) for s in samples} == {(500, 60), (501, 20)}
+
+    clock.t_s = T0 + 3.0
+    assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)] == [500]
+    late = nv.nvmlDeviceGetProcessUtilization(handle, int((T0 + 2.2) * 1e6))
+    assert {s.pid for s in late} == {500}
+    # The sample that straddles 501's exit reports its mean over the sample period.
+    straddle = [s for s in nv.nvmlDeviceGetProcessUtilization(handle, int((T0 + 1.9) * 1e6)) if s.pid == 501]
+    assert len(straddle) == 1 and 0 < straddle[0].smUtil < 20
+    with pytest.raises(pynvml.NVMLError_NotFound):  # nothing ran on board 0
+        nv.nvmlDeviceGetProcessUtilization(nv.nvmlDeviceGetHandleByIndex(0), 0)
+    with pytest.raises(pynvml.NVMLError_NotFound):  # nothing since now
+        nv.nvmlDeviceGetProcessUtilization(handle, int(clock.t_s * 1e6))
+
+    fleet.set_process_utilization(1, 500, 30.0, T0 + 2.5)  # in the past of what NVML reported: moved to now
+    assert fleet.process_utilization(1, 500, T0 + 2.7) == 60.0
+    replayed = SimulatedFleet.replay(truth, 2, seed=1)
+    assert [replayed.process_utilization(1, 500, t) for t in (T0 + 1.5, T0 + 3.5)] == [60.0, 30.0]
+    assert replayed.process_utilization(1, 501, T0 + 2.5) == 0.0

@@ -500,6 +500,38 @@ class NvmlSensor:
                 return set()
         return {int(p.pid) for p in procs}
 
+    def process_utilization(self, key: str, since_s: float) -> dict[int, float]:
+        """Mean SM utilisation (percent, 0-100) per pid on GPU ``key`` over NVML's samples since ``since_s``.
+
+        For sharing a GPU among the jobs on it. Empty when NVML has no sample since then (an idle GPU),
+        does not support per-process utilisation (e.g. some vGPU/MIG setups), or the GPU is lost: the
+        caller then splits equally. Unknown ``key`` raises DeviceNotFound.
+        """
+        dev = self._devices.get(key)
+        if dev is None:
+            raise DeviceNotFound(f"no GPU {key!r} here; known: {', '.join(self._devices) or 'none'}")
+        since_us = max(0, int(since_s * 1e6))
+        with self._lock:
+            if key in self._lost:
+                return {}
+            try:
+                with nvml_errors(self._nvml, f"reading per-process utilisation on {key}"):
+                    samples = self._nvml.nvmlDeviceGetProcessUtilization(dev.handle, since_us)
+            except DeviceNotFound:  # NVML_ERROR_NOT_FOUND: no sample since since_s
+                return {}
+            except DeviceLost as exc:
+                self._mark_lost(dev, exc)
+                return {}
+            except SensorError as exc:
+                self._warn_once(dev, exc)
+                return {}
+        per_pid: dict[int, list[float]] = {}
+        for sample in samples:
+            # NVML may hand back older entries from its buffer; only the window asked for counts.
+            if int(sample.timeStamp) > since_us:
+                per_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+        return {pid: sum(values) / len(values) for pid, values in per_pid.items()}
+
     def close(self) -> None:
         """Stop the power integrator and shut NVML down; idempotent."""
         if self._closed:

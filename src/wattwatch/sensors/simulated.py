@@ -33,6 +33,8 @@ ACTIVITY_KINDS = ("idle", "training", "inference")
 SLOT_S = 0.01  # power is constant over each 10 ms slot
 BLOCK_SLOTS = 100  # slot sums are cached per 1 s block
 COUNTER_PERIOD_S = 0.1  # H100-class energy counter / power average refresh period
+PROCESS_SAMPLE_PERIOD_S = 1.0 / 6.0  # NVML samples per-process utilisation about six times a second
+PROCESS_BUFFER_S = 10.0  # how far back the fake's per-process sample buffer reaches
 AVERAGE_WINDOW_S = 1.0  # nvmlDeviceGetPowerUsage is a 1 s trailing average on H100-class parts
 POWER_LIMIT_MW = 700_000
 MEMORY_TOTAL_B = 81_559 * 1024 * 1024  # "80 GB" H100 as nvidia-smi shows it
@@ -273,6 +275,37 @@ class _Board:
         self.lost = False
         self.counter_supported = True
         self.resets_s: list[float] = []
+        # Per-process SM utilisation (percent), piecewise constant: pid -> (change times, values).
+        self.proc_util: dict[int, tuple[list[float], list[float]]] = {}
+
+    def process_util(self, pid: int, t_s: float) -> float:
+        """SM utilisation (percent) of ``pid`` at ``t_s``; 0 when it has none."""
+        times, values = self.proc_util.get(pid, ([], []))
+        i = bisect_right(times, t_s) - 1
+        return values[i] if i >= 0 else 0.0
+
+    def mean_process_util(self, pid: int, t0_s: float, t1_s: float) -> float:
+        """Time-weighted mean SM utilisation of ``pid`` over ``(t0_s, t1_s]``."""
+        times, values = self.proc_util.get(pid, ([], []))
+        if t1_s <= t0_s:
+            return self.process_util(pid, t1_s)
+        total = 0.0
+        i = bisect_right(times, t0_s) - 1
+        level = values[i] if i >= 0 else 0.0
+        cursor = t0_s
+        for t, v in zip(times[i + 1 :], values[i + 1 :], strict=True):
+            if t >= t1_s:
+                break
+            total += level * (t - cursor)
+            cursor, level = t, v
+        total += level * (t1_s - cursor)
+        return total / (t1_s - t0_s)
+
+    def active_pids(self, t_s: float) -> set[int]:
+        """Pids running at ``t_s``: those of the activity segment and those with utilisation above 0."""
+        pids = set(self.segments[self.segment_at(t_s)].pids)
+        pids.update(pid for pid in self.proc_util if self.process_util(pid, t_s) > 0)
+        return pids
 
     def segment_at(self, t_s: float) -> int:
         return bisect_right(self.starts, t_s) - 1
@@ -380,6 +413,11 @@ class SimulatedFleet:
                 continue
             try:
                 rec = json.loads(line)
+                if "sm_util_percent" in rec:
+                    fleet._apply_util(
+                        int(rec["index"]), int(rec["pid"]), float(rec["sm_util_percent"]), float(rec["t_s"])
+                    )
+                    continue
                 fleet._apply(int(rec["index"]), str(rec["kind"]), float(rec["t_s"]), rec.get("pid"))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{truth_path}:{number}: not a simulated-GPU truth record ({exc})") from None
@@ -408,6 +446,39 @@ class SimulatedFleet:
             log.debug("gpu%d: activity at %.6f moved to %.6f (already reported)", index, t_s, t_used)
         board.change(kind, t_used, None if pid is None else int(pid))
         return t_used
+
+    def set_process_utilization(self, index: int, pid: int, sm_util_percent: float, t_s: float) -> None:
+        """Process ``pid`` uses ``sm_util_percent`` (0-100) of board ``index``'s SMs from ``t_s`` on.
+
+        Piecewise constant per pid; 0 removes the pid. While above 0 the pid is listed by
+        ``nvmlDeviceGetComputeRunningProcesses`` and sampled by ``nvmlDeviceGetProcessUtilization``.
+        Board power still follows ``set_activity``. As there, a ``t_s`` earlier than what NVML already
+        reported is moved forward to it.
+        """
+        with self._lock:
+            t_used = self._apply_util(index, int(pid), sm_util_percent, t_s)
+            if self._truth is not None:
+                rec = {"index": index, "pid": int(pid), "sm_util_percent": sm_util_percent, "t_s": t_used}
+                self._truth.write(json.dumps(rec) + "\n")
+                self._truth.flush()
+
+    def _apply_util(self, index: int, pid: int, sm_util_percent: float, t_s: float) -> float:
+        if not 0.0 <= sm_util_percent <= 100.0:
+            raise ValueError(f"SM utilisation must be within 0-100 percent, got {sm_util_percent}")
+        board = self._board(index)
+        times, values = board.proc_util.setdefault(pid, ([], []))
+        t_used = max(t_s, board.observed_s, times[-1] if times else -math.inf)
+        if times and times[-1] == t_used:
+            values[-1] = float(sm_util_percent)
+        else:
+            times.append(t_used)
+            values.append(float(sm_util_percent))
+        return t_used
+
+    def process_utilization(self, index: int, pid: int, t_s: float) -> float:
+        """True SM utilisation (percent) of ``pid`` on board ``index`` at ``t_s``."""
+        with self._lock:
+            return self._board(index).process_util(pid, t_s)
 
     def _board(self, index: int) -> _Board:
         if not 0 <= index < self.n_gpus:
@@ -690,9 +761,43 @@ class FakeNvml:
         """Objects with ``pid``, ``usedGpuMemory`` (bytes), ``gpuInstanceId``, ``computeInstanceId``."""
         with self._fleet._lock:
             board, now = self._board(handle)
-            seg = board.segments[board.segment_at(now)]
             used = self._memory_used_b(board, now)
-        pids = sorted(seg.pids)
+            pids = sorted(board.active_pids(now))
         share = used // len(pids) if pids else 0
         fields = {"usedGpuMemory": share, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
         return [self._real.nvmlFriendlyObject({"pid": pid, **fields}) for pid in pids]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        """``c_nvmlProcessUtilizationSample_t`` per process and sample since ``timeStamp`` (CPU time, µs).
+
+        Like NVML: samples on a ~1/6 s grid (per-board phase), each the process's mean utilisation over
+        the sample period, only for processes with some utilisation in it; ``NVMLError_NotFound`` when
+        there is no sample since ``timeStamp``. The buffer reaches back ``PROCESS_BUFFER_S``.
+        """
+        real = self._real
+        samples: list[Any] = []
+        with self._fleet._lock:
+            board, now = self._board(handle)
+            origin_s = self._fleet.created_s + board.phase_s
+            since_s = max(int(timeStamp) / 1e6, now - PROCESS_BUFFER_S)
+            k = math.floor((since_s - origin_s) / PROCESS_SAMPLE_PERIOD_S) + 1
+            while (grid_s := origin_s + k * PROCESS_SAMPLE_PERIOD_S) <= now:
+                stamp_us = int(grid_s * 1e6)
+                if stamp_us > int(timeStamp):
+                    for pid in sorted(board.proc_util):
+                        sm = board.mean_process_util(pid, grid_s - PROCESS_SAMPLE_PERIOD_S, grid_s)
+                        if sm > 0:
+                            samples.append(
+                                real.c_nvmlProcessUtilizationSample_t(
+                                    pid=pid,
+                                    timeStamp=stamp_us,
+                                    smUtil=round(sm),
+                                    memUtil=round(0.6 * sm),
+                                    encUtil=0,
+                                    decUtil=0,
+                                )
+                            )
+                k += 1
+        if not samples:
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return samples

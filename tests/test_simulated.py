@@ -343,3 +343,103 @@ def test_per_process_utilisation_is_sampled_like_nvml(tmp_path: Path) -> None:
     replayed = SimulatedFleet.replay(truth, 2, seed=1)
     assert [replayed.process_utilization(1, 500, t) for t in (T0 + 1.5, T0 + 3.5)] == [60.0, 30.0]
     assert replayed.process_utilization(1, 501, T0 + 2.5) == 0.0
+
+
+def test_square_wave_is_exact_and_replays(tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    fleet, _ = make_fleet(n=1, truth_path=truth)
+    fleet.set_square_wave(0, T0 + 1.0, 0.075, 150.0, 650.0, pid=9)
+    assert fleet.activity(0, T0 + 1.5) == "square" and fleet.pids(0, T0 + 1.5) == {9}
+    assert fleet.power_w(0, T0 + 1.0 + 0.01) == 650.0
+    assert fleet.power_w(0, T0 + 1.0 + 0.05) == 150.0
+    assert fleet.power_w(0, T0 + 1.0 + 0.076) == 650.0
+    t0, t1 = T0 + 1.0123, T0 + 3.4567
+    exact = fleet.exact_energy_j(0, t0, t1)
+    assert exact == pytest.approx(numeric_energy_j(fleet, 0, t0, t1, step_s=1e-5), rel=1e-4)
+    assert fleet.exact_energy_j(0, T0 + 1.0, T0 + 1.75) == pytest.approx(400.0 * 0.75)  # 10 whole periods
+    with pytest.raises(ValueError, match="set_square_wave"):
+        fleet.set_activity(0, "square", T0 + 5)
+    replayed = SimulatedFleet.replay(truth, 1, seed=1)
+    assert replayed.exact_energy_j(0, t0, t1) == exact
+
+
+def test_generations_are_presets_of_nvml_behaviour() -> None:
+    clock = FakeClock()
+    with pytest.raises(ValueError, match="h100, h100-parttime, a100"):
+        SimulatedFleet(1, generation="b200", clock=clock)
+    a100 = SimulatedFleet(1, generation="a100", clock=clock, seed=3)
+    h100 = SimulatedFleet(1, generation="h100", clock=clock, seed=3)
+    for fleet in (a100, h100):
+        fleet.set_activity(0, "training", T0 + 1.0)
+    nv = a100.module()
+    nv.nvmlInit()
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    assert nv.nvmlDeviceGetName(handle) == "NVIDIA A100-SXM4-80GB"
+    assert nv.nvmlDeviceGetEnforcedPowerLimit(handle) == 400_000
+    assert nv.nvmlDeviceGetMemoryInfo(handle).total == 81_920 * 1024 * 1024
+    # The same activity, scaled to the board's power limit.
+    t = T0 + 2.345
+    assert a100.power_w(0, t) == pytest.approx(h100.power_w(0, t) * 400 / 700, abs=1e-3)
+    assert 300 < a100.exact_energy_j(0, T0 + 2, T0 + 12) / 10 < 400
+
+    # Part-time sampling: the instant reading is the mean of the last 25 ms of the last 100 ms period,
+    # held until the next refresh, and (GA100) nvmlDeviceGetPowerUsage is that same sample.
+    readings = set()
+    for k in range(40):  # 0.1 s in 2.5 ms steps
+        clock.t_s = T0 + 3.0 + k * 0.0025
+        (field,) = nv.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+        u = a100.last_update_s(0, clock.t_s)
+        assert field.value.uiVal == round(1000 * a100.exact_energy_j(0, u - 0.025, u) / 0.025)
+        assert nv.nvmlDeviceGetPowerUsage(handle) == field.value.uiVal
+        readings.add(field.value.uiVal)
+    assert len(readings) == 2  # one refresh in the 100 ms
+
+
+def test_part_time_h100_averages_only_what_it_sampled() -> None:
+    clock = FakeClock()
+    fleet = SimulatedFleet(1, generation="h100-parttime", clock=clock, seed=2)
+    # In step with the refresh grid: each sampled 25 ms falls in the wave's low half.
+    fleet.set_square_wave(0, fleet.last_update_s(0, T0 + 0.5), 0.1, 100.0, 600.0)
+    nv = fleet.module()
+    nv.nvmlInit()
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    clock.t_s = T0 + 5.0
+    u = fleet.last_update_s(0, clock.t_s)
+    want = sum(fleet.exact_energy_j(0, u - k * 0.1 - 0.025, u - k * 0.1) for k in range(10)) / 0.25
+    assert nv.nvmlDeviceGetPowerUsage(handle) == round(1000 * want)
+    # The sensor sees the same phase every time, so the 1 s "average" is the low level, not the 350 W mean.
+    assert nv.nvmlDeviceGetPowerUsage(handle) == pytest.approx(100_000, abs=5)  # float edges: a few mW
+    assert fleet.exact_energy_j(0, u - 1.0, u) == pytest.approx(350.0)
+
+
+def test_pre_volta_board_has_neither_counter_nor_instant_power() -> None:
+    clock = FakeClock()
+    fleet = SimulatedFleet(1, generation="p100", clock=clock)
+    nv = fleet.module()
+    nv.nvmlInit()
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    clock.t_s = T0 + 1.0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetTotalEnergyConsumption(handle)
+    (field,) = nv.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+    assert field.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert 20 < nv.nvmlDeviceGetPowerUsage(handle) / 1000 < 30  # an idle 250 W board
+    assert fleet.last_update_s(0, T0 + 1.0) > T0 + 1.0 - 0.02  # 20 ms refresh
+
+
+def test_counter_quantum_and_custom_generation() -> None:
+    from wattwatch.sensors.generations import GENERATIONS, BoardGeneration
+
+    coarse = BoardGeneration(**{**GENERATIONS["h100"].__dict__, "name": "coarse", "counter_quantum_mj": 1000})
+    clock = FakeClock()
+    fleet = SimulatedFleet(1, generation=coarse, clock=clock)
+    nv = fleet.module()
+    nv.nvmlInit()
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    values = set()
+    for k in range(50):
+        clock.t_s = T0 + 1.0 + k * 0.1
+        values.add(nv.nvmlDeviceGetTotalEnergyConsumption(handle))
+    assert all(v % 1000 == 0 for v in values) and len(values) > 40
+    with pytest.raises(ValueError):
+        BoardGeneration("bad", "x", 100.0, 1, sampled_fraction=0.0)

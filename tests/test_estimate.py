@@ -9,10 +9,13 @@ import pytest
 from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.estimate import (
     DEFAULT_W_PER_CORE,
+    DRAM_W_PER_GIB,
     IDLE_FRACTION,
     CpuEstimateSensor,
     CpuTimesUtilisation,
+    DramEstimateSensor,
     codecarbon_cpu_table,
+    installed_memory_gib,
     match_cpu_tdp_w,
     read_cpuinfo,
 )
@@ -137,3 +140,24 @@ def test_cpu_times_utilisation_is_a_percentage() -> None:
     util = CpuTimesUtilisation()
     sum(i * i for i in range(200_000))  # some work between the two samples
     assert 0.0 <= util() <= 100.0
+
+
+def test_dram_rule_is_a_constant_per_installed_gib(tmp_path: Path) -> None:
+    meminfo = write(tmp_path, "meminfo", "MemTotal:       527958384 kB\nMemFree:        1000 kB\n")
+    assert installed_memory_gib(meminfo) == pytest.approx(503.5, abs=0.1)
+    assert installed_memory_gib(tmp_path / "missing") is None
+    clock = FakeClock()
+    sensor = DramEstimateSensor(clock=clock, meminfo_path=meminfo)
+    assert isinstance(sensor, Sensor)
+    assert sensor.power_w == pytest.approx(DRAM_W_PER_GIB * 503.5, abs=0.02)  # ~63 W for 512 GB
+    assert [(d.key, d.kind) for d in sensor.devices()] == [("dram0", "dram")]
+    assert "W/GiB" in sensor.rule
+    first = sensor.read()[0]
+    assert first.source == "estimate" and first.energy_j == 0.0
+    clock.t_s += 10.0
+    assert sensor.read()[0].energy_j == pytest.approx(10.0 * sensor.power_w)
+    assert sensor.read_at(T0 + 4.0)[0].energy_j == pytest.approx(10.0 * sensor.power_w)  # never goes down
+    assert sensor.read_at(T0 + 12.0)[0].energy_j == pytest.approx(12.0 * sensor.power_w)
+    fixed = DramEstimateSensor(memory_gib=64.0, clock=clock)
+    assert fixed.power_w == 8.0  # one 64 GiB RDIMM
+    assert DramEstimateSensor(meminfo_path=tmp_path / "missing").memory_gib > 0  # psutil fallback

@@ -317,7 +317,7 @@ def test_discovery_gpu_chain(tmp_path: Any) -> None:
     (gpu,) = [s for s in found.skipped if s.name == "nvml"]
     assert gpu.reason == "NVML library not found / no NVIDIA driver"
     assert gpu.fix == "install the NVIDIA driver, or try --simulate N"
-    assert [s.name for s in found.sensors] == ["estimate"]
+    assert [s.name for s in found.sensors] == ["estimate", "dram-estimate"]
 
     fleet = SimulatedFleet(2, seed=1)
     found = discover(simulate_fleet=fleet, powercap_root=tmp_path)

@@ -16,6 +16,7 @@ from wattwatch.sensors.simulated import SimulatedFleet
 FIXTURE = Path(__file__).parent / "fixtures" / "powercap"
 T0 = 1_700_000_000.0
 PACKAGE_RANGE_UJ = 262143328850
+DRAM_RANGE_UJ = 65712999613
 
 
 class FakeClock:
@@ -101,7 +102,7 @@ def test_unreadable_energy_is_permission_denied_with_the_fix(powercap: Path, mon
     found = discover(powercap_root=powercap, simulate_fleet=one_simulated_gpu())
     (rapl,) = [s for s in found.skipped if s.name == "rapl"]
     assert rapl.reason == "RAPL energy counters are not readable" and "udev" in rapl.fix
-    assert [s.name for s in found.sensors][-1] == "estimate"
+    assert [s.name for s in found.sensors][-2:] == ["estimate", "dram-estimate"]
 
 
 def test_no_rapl_is_device_not_found(tmp_path: Path) -> None:
@@ -118,7 +119,8 @@ def test_cpu_chain_prefers_rapl_and_never_adds_the_estimate_too(powercap: Path, 
     assert not found.skipped
 
     found = discover(powercap_root=tmp_path / "none", simulate_fleet=one_simulated_gpu())
-    assert [s.name for s in found.sensors] == ["nvml", "estimate"]
+    assert [s.name for s in found.sensors] == ["nvml", "estimate", "dram-estimate"]
+    assert [d.kind for d in found.sensors[2].devices()] == ["dram"]
     (rapl,) = found.skipped
     assert rapl.name == "rapl" and "no RAPL" in rapl.reason and rapl.fix
 
@@ -126,3 +128,69 @@ def test_cpu_chain_prefers_rapl_and_never_adds_the_estimate_too(powercap: Path, 
 def one_simulated_gpu() -> SimulatedFleet:
     """Keeps discovery away from the real NVML, whatever this machine has."""
     return SimulatedFleet(1)
+
+
+def test_poll_period_is_derived_from_the_range_and_max_power(powercap: Path) -> None:
+    sensor = RaplSensor(powercap, FakeClock())
+    periods = sensor.wrap_periods_s()
+    assert periods["cpu0"] == pytest.approx(PACKAGE_RANGE_UJ / 205e6)  # constraint_0_max_power_uw: 205 W
+    assert periods["cpu1"] == pytest.approx(PACKAGE_RANGE_UJ / 500e6)  # none given: DEFAULT_MAX_POWER_W
+    assert periods["dram0"] == pytest.approx(DRAM_RANGE_UJ / 205e6)  # 0 = unknown: its package's 205 W
+    assert periods["dram1"] == pytest.approx(DRAM_RANGE_UJ / 500e6)
+    assert sensor.max_poll_interval_s == pytest.approx(DRAM_RANGE_UJ / 500e6 / 2)  # ~66 s
+
+
+def small_range_package(root: Path, range_uj: int, max_power_w: float) -> None:
+    """Package 0 with a small counter range, so a test can wrap it in seconds; package 1 and DRAM removed."""
+    for zone in ("intel-rapl:1", "intel-rapl:1:0", "intel-rapl:0:1"):
+        shutil.rmtree(root / zone)
+    (root / "intel-rapl:0" / "max_energy_range_uj").write_text(f"{range_uj}\n")
+    (root / "intel-rapl:0" / "constraint_0_max_power_uw").write_text(f"{round(max_power_w * 1e6)}\n")
+    set_uj(root, "intel-rapl:0", 0)
+
+
+def run_steady_load(root: Path, poll_s: float, power_w: float, duration_s: float, range_uj: int) -> tuple[float, bool]:
+    """Energy measured (J) by reading every ``poll_s`` while the package draws ``power_w``; and whether
+    any reading was flagged ``wrap_ambiguous``."""
+    set_uj(root, "intel-rapl:0", 0)
+    clock = FakeClock()
+    sensor = RaplSensor(root, clock)
+    start = sensor.read()[0].energy_j
+    flagged = False
+    elapsed_s = 0.0
+    while elapsed_s < duration_s:
+        elapsed_s = min(duration_s, elapsed_s + poll_s)
+        clock.t_s = T0 + elapsed_s
+        set_uj(root, "intel-rapl:0", round(power_w * 1e6 * elapsed_s) % range_uj)
+        reading = sensor.read()[0]
+        flagged = flagged or "wrap_ambiguous" in reading.flags
+    return reading.energy_j - start, flagged
+
+
+def test_double_wrap_is_prevented_by_polling_at_the_derived_period(powercap: Path) -> None:
+    range_uj = 1_000_000_000  # 1 kJ: at 250 W the counter wraps every 4 s
+    small_range_package(powercap, range_uj, max_power_w=250.0)
+    sensor = RaplSensor(powercap, FakeClock())
+    assert sensor.max_poll_interval_s == pytest.approx(2.0)
+    # 10 s at full power is 2.5 kJ, two and a half wraps.
+    measured_j, flagged = run_steady_load(powercap, sensor.max_poll_interval_s, 250.0, 10.0, range_uj)
+    assert measured_j == pytest.approx(2500.0) and not flagged
+    # Read too slowly and the two wraps look like none: 2 kJ vanish, and the reading says it may have.
+    measured_j, flagged = run_steady_load(powercap, 10.0, 250.0, 10.0, range_uj)
+    assert measured_j == pytest.approx(500.0) and flagged
+    # One read per 5 s is 1.25 ranges at full power: each interval loses a whole range, and says so.
+    measured_j, flagged = run_steady_load(powercap, 5.0, 250.0, 10.0, range_uj)
+    assert measured_j == pytest.approx(500.0) and flagged
+
+
+def test_missing_dram_zone_is_estimated_and_said(powercap: Path) -> None:
+    shutil.rmtree(powercap / "intel-rapl:0:1")
+    shutil.rmtree(powercap / "intel-rapl:1:0")
+    sensor = RaplSensor(powercap, FakeClock())
+    assert [d.key for d in sensor.devices()] == ["cpu0", "cpu1"]
+    found = discover(powercap_root=powercap, simulate_fleet=one_simulated_gpu())
+    assert [s.name for s in found.sensors] == ["nvml", "rapl", "dram-estimate"]
+    (note,) = found.skipped
+    assert note.name == "rapl-dram" and "no DRAM zone" in note.reason and "estimated" in note.fix
+    found = discover(powercap_root=powercap, simulate_fleet=one_simulated_gpu(), estimate_dram=False)
+    assert [s.name for s in found.sensors] == ["nvml", "rapl"]

@@ -1,7 +1,8 @@
 """Which sensors work on this host, and why the others don't: the preference chain.
 
 GPUs: the simulated fleet when asked for, else NVML. CPUs: RAPL counters when readable, else the
-TDP x utilisation estimate (never both for the same package: the sum would count it twice). Every
+TDP x utilisation estimate (never both for the same package: the sum would count it twice). DRAM:
+RAPL's DRAM zones, else the per-GiB rule of ``estimate.DramEstimateSensor``. Every
 source not used is listed in ``Discovery.skipped`` with the reason and the fix, for ``wattwatch
 doctor`` and the agent's start-up log.
 """
@@ -47,11 +48,15 @@ def discover(
     simulate_fleet: SimulatedFleet | None = None,
     powercap_root: Path = Path("/sys/class/powercap"),
     nvml: Any | None = None,
+    estimate_dram: bool = True,
 ) -> Discovery:
-    """Build the sensors this host supports, preferring counters to estimates, and say why for the rest."""
+    """Build the sensors this host supports, preferring counters to estimates, and say why for the rest.
+
+    ``estimate_dram=False`` leaves DRAM unmeasured where no RAPL DRAM zone exists, instead of estimating it.
+    """
     found = Discovery()
     _discover_gpus(found, simulate_fleet, nvml)
-    _discover_cpus(found, powercap_root)
+    _discover_cpus(found, powercap_root, estimate_dram)
     for s in found.skipped:
         log.info("sensor %s skipped: %s (fix: %s)", s.name, s.reason, s.fix)
     return found
@@ -81,12 +86,23 @@ def _discover_gpus(found: Discovery, fleet: SimulatedFleet | None, nvml: Any | N
     found.nvml = sensor
 
 
-def _discover_cpus(found: Discovery, powercap_root: Path) -> None:
-    from wattwatch.sensors.estimate import CpuEstimateSensor
+def _discover_cpus(found: Discovery, powercap_root: Path, estimate_dram: bool) -> None:
+    from wattwatch.sensors.estimate import CpuEstimateSensor, DramEstimateSensor
     from wattwatch.sensors.rapl import PERMISSION_FIX, RaplSensor
 
     try:
-        found.sensors.append(RaplSensor(powercap_root))
+        rapl = RaplSensor(powercap_root)
+        found.sensors.append(rapl)
+        if not any(d.kind == "dram" for d in rapl.devices()):
+            found.skipped.append(
+                Skipped(
+                    "rapl-dram",
+                    "RAPL has no DRAM zone here (common on AMD and client CPUs)",
+                    "nothing to fix: DRAM is estimated by rule" if estimate_dram else "DRAM is not measured",
+                )
+            )
+            if estimate_dram:
+                found.sensors.append(DramEstimateSensor())
         return
     except PermissionDenied as exc:
         found.skipped.append(Skipped("rapl", "RAPL energy counters are not readable", PERMISSION_FIX, str(exc)))
@@ -104,3 +120,5 @@ def _discover_cpus(found: Discovery, powercap_root: Path) -> None:
         found.skipped.append(Skipped("rapl", "RAPL counters failed to read", "check the powercap sysfs", str(exc)))
     # Never alongside RAPL: both would report the same packages.
     found.sensors.append(CpuEstimateSensor())
+    if estimate_dram:
+        found.sensors.append(DramEstimateSensor())

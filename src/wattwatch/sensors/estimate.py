@@ -1,6 +1,6 @@
-"""CPU energy estimated from TDP and utilisation, for hosts without readable RAPL counters.
+"""CPU and DRAM energy estimated by rule, for hosts without readable RAPL counters for them.
 
-The rule (an estimate, and every reading says so with ``source="estimate"``)::
+The CPU rule (an estimate, and every reading says so with ``source="estimate"``)::
 
     power_w = tdp_w * max(IDLE_FRACTION, utilisation)
 
@@ -9,6 +9,15 @@ with ``utilisation`` the busy fraction of all CPUs since the previous read, and 
 shipped in the installed package, read with ``csv``, without importing codecarbon or pandas) matched to
 the model in ``/proc/cpuinfo``, times the number of sockets; failing that, ``DEFAULT_W_PER_CORE``
 per physical core. ``tdp_source`` says which.
+
+The DRAM rule, for hosts whose RAPL has no DRAM zone (many AMD parts) or no RAPL at all::
+
+    power_w = DRAM_W_PER_GIB * installed_gib
+
+a constant: DRAM power follows the number and type of DIMMs and the memory traffic, not the bytes in
+use, and without a counter neither is visible. 0.125 W/GiB is 4 W per 32 GiB or 8 W per 64 GiB
+RDIMM, between the idle and full-bandwidth draw of current DDR4/DDR5 server modules (the old
+"3 W per 8 GB" rule overstates a 1 TiB server more than threefold).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from wattwatch.sensors.base import DeviceInfo, EnergyReading
 log = logging.getLogger(__name__)
 
 IDLE_FRACTION = 0.12  # an idle server package draws roughly 10-15 % of its TDP
+DRAM_W_PER_GIB = 0.125  # see the module docstring
 DEFAULT_W_PER_CORE = 6.0  # current server parts: 64-core EPYC 9554 is 360 W, 5.6 W/core
 MIN_DEFAULT_TDP_W = 15.0
 
@@ -224,6 +234,69 @@ class CpuEstimateSensor:
                     energy_j = e0 + (e1 - e0) * (t_s - t0) / (t1 - t0)
                     break
             return self._emit(t_s, energy_j)
+
+    def close(self) -> None:
+        """Nothing to release; idempotent."""
+
+
+def installed_memory_gib(meminfo_path: Path = Path("/proc/meminfo")) -> float | None:
+    """Installed memory in GiB from ``MemTotal`` in a /proc/meminfo file; None when unreadable."""
+    try:
+        text = meminfo_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "MemTotal":
+            parts = value.split()
+            if parts and parts[0].isdigit():
+                return int(parts[0]) / (1024 * 1024)  # kB -> GiB
+    return None
+
+
+class DramEstimateSensor:
+    """Host DRAM energy by the documented rule (``DRAM_W_PER_GIB`` x installed GiB); one device, ``dram0``."""
+
+    name = "dram-estimate"
+
+    def __init__(
+        self,
+        *,
+        memory_gib: float | None = None,
+        clock: Callable[[], float] = time.time,
+        meminfo_path: Path = Path("/proc/meminfo"),
+    ) -> None:
+        self._clock = clock
+        gib = memory_gib if memory_gib is not None else installed_memory_gib(meminfo_path)
+        if gib is None:
+            import psutil
+
+            gib = psutil.virtual_memory().total / 2**30
+        self.memory_gib = float(gib)
+        self.power_w = DRAM_W_PER_GIB * self.memory_gib
+        self.rule = f"{DRAM_W_PER_GIB:g} W/GiB x {self.memory_gib:.1f} GiB = {self.power_w:.1f} W (constant)"
+        self._start_s = clock()
+        self._returned_j = 0.0
+        self._lock = threading.Lock()
+        self._info = DeviceInfo(key="dram0", kind="dram", index=0, model=f"DRAM {self.memory_gib:.0f} GiB (estimated)")
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        """The host's memory as one device, ``dram0``."""
+        return [self._info]
+
+    def _emit(self, t_s: float) -> list[EnergyReading]:
+        with self._lock:
+            # Constant power makes energy a function of time alone; never below what was returned.
+            self._returned_j = max(self._returned_j, self.power_w * max(0.0, t_s - self._start_s))
+            return [EnergyReading(device="dram0", t_s=t_s, energy_j=self._returned_j, source="estimate")]
+
+    def read(self) -> list[EnergyReading]:
+        """Estimated cumulative J, now."""
+        return self._emit(self._clock())
+
+    def read_at(self, t_s: float) -> list[EnergyReading]:
+        """Estimated cumulative J at ``t_s`` (exact for the rule: the power is constant)."""
+        return self._emit(t_s)
 
     def close(self) -> None:
         """Nothing to release; idempotent."""

@@ -1,9 +1,12 @@
 """CPU package and DRAM energy from Linux powercap RAPL counters (``/sys/class/powercap/intel-rapl:*``).
 
 Each zone's ``energy_uj`` is a wrapping counter; a value lower than the previous one wrapped once
-(add ``max_energy_range_uj``), which is why the agent must read faster than the wrap period (tens of
-minutes at full power on current parts). AMD packages appear under the same ``intel-rapl`` names.
-The root is a constructor parameter so tests read a fixture tree.
+(add ``max_energy_range_uj``). Two wraps in one interval look exactly like one, so the reader must come
+back before the counter can wrap twice: ``max_poll_interval_s`` is half the shortest wrap period at
+the zones' maximum power (``constraint_0_max_power_uw``; the package's for a DRAM zone without its
+own; ``DEFAULT_MAX_POWER_W`` when the kernel gives none), and an interval longer than a whole wrap
+period is flagged ``wrap_ambiguous``. AMD packages appear under the same ``intel-rapl`` names. The
+root is a constructor parameter so tests read a fixture tree.
 
 Zones: ``intel-rapl:N`` named ``package-P`` -> device ``cpuP``; its sub-zone named ``dram`` ->
 ``dramP``; ``psys`` (whole SoC platform) only with ``include_psys=True``, since it contains the packages
@@ -28,6 +31,11 @@ log = logging.getLogger(__name__)
 
 _ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
 
+# No server package today draws this much (EPYC 9965: 500 W TDP); the halving in max_poll_interval_s
+# covers short-term limits (PL2) above the long-term maximum.
+DEFAULT_MAX_POWER_W = 500.0
+POLL_SAFETY_FACTOR = 2.0
+
 PERMISSION_FIX = (
     "run the agent as root, or make energy_uj readable with a udev rule such as "
     'SUBSYSTEM=="powercap", ACTION=="add", RUN+="/bin/chmod a+r /sys%p/energy_uj" '
@@ -42,8 +50,26 @@ class _Zone:
     max_range_uj: int
     last_uj: int
     t_s: float
+    max_power_w: float = DEFAULT_MAX_POWER_W
     total_uj: int = 0  # unwrapped energy since the sensor started
     power_w: float = 0.0  # over the last interval, for read_at
+    ambiguous: bool = False  # the last interval was long enough to hide a second wrap
+
+    @property
+    def wrap_period_s(self) -> float:
+        """Seconds the counter takes to wrap at the zone's maximum power (inf without a range)."""
+        if self.max_range_uj <= 0:
+            return float("inf")
+        return self.max_range_uj / (self.max_power_w * 1e6)
+
+
+def _max_power_w(path: Path) -> float | None:
+    """The zone's ``constraint_0_max_power_uw`` in W; None when absent, unreadable or 0 (unknown)."""
+    try:
+        value_uw = int((path / "constraint_0_max_power_uw").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value_uw / 1e6 if value_uw > 0 else None
 
 
 def _read_int(path: Path) -> int:
@@ -84,6 +110,7 @@ class RaplSensor:
             return []
         zones: list[_Zone] = []
         package_of: dict[str, int] = {}  # "intel-rapl:N" -> package number P
+        package_max_w: dict[str, float] = {}  # "intel-rapl:N" -> the package's max power
         for path in sorted(entries, key=lambda p: p.name.count(":")):  # packages before their sub-zones
             m = _ZONE.match(path.name)
             assert m is not None
@@ -113,13 +140,38 @@ class RaplSensor:
                 max_range_uj = int((path / "max_energy_range_uj").read_text().strip())
             except (OSError, ValueError):
                 max_range_uj = 0
+            parent = f"intel-rapl:{m.group(1)}"
+            max_w = _max_power_w(path) or package_max_w.get(parent) or DEFAULT_MAX_POWER_W
+            if m.group(2) is None:
+                package_max_w[parent] = max_w
             info = DeviceInfo(key=key, kind=kind, index=number, model=f"RAPL {zone_name}")
-            zones.append(_Zone(info=info, path=path, max_range_uj=max_range_uj, last_uj=raw_uj, t_s=self._clock()))
+            zones.append(
+                _Zone(
+                    info=info,
+                    path=path,
+                    max_range_uj=max_range_uj,
+                    last_uj=raw_uj,
+                    t_s=self._clock(),
+                    max_power_w=max_w,
+                )
+            )
         return zones
 
     def _advance(self, zone: _Zone) -> None:
         raw_uj = _read_int(zone.path / "energy_uj")
         now_s = self._clock()
+        if now_s - zone.t_s > zone.wrap_period_s:
+            # Long enough to wrap twice at full power: the delta below may be short by whole ranges.
+            zone.ambiguous = True
+            log.warning(
+                "%s: %.1f s between reads, longer than the counter's %.1f s wrap period at %.0f W; energy may "
+                "be missing; read at least every %.1f s",
+                zone.info.key,
+                now_s - zone.t_s,
+                zone.wrap_period_s,
+                zone.max_power_w,
+                self.max_poll_interval_s,
+            )
         delta_uj = raw_uj - zone.last_uj
         if delta_uj < 0:
             # Went down: wrapped once (the agent reads far more often than the wrap period).
@@ -136,13 +188,28 @@ class RaplSensor:
         """``cpuN`` per package and ``dramN`` where the package exposes a DRAM zone."""
         return [z.info for z in self._zones]
 
+    @property
+    def max_poll_interval_s(self) -> float:
+        """The longest safe time between reads: half the shortest wrap period at maximum power, so two
+        wraps never fit in one interval. The agent ticks at least this often (inf: no zone wraps)."""
+        return min(z.wrap_period_s for z in self._zones) / POLL_SAFETY_FACTOR
+
+    def wrap_periods_s(self) -> dict[str, float]:
+        """Per device key, the seconds its counter takes to wrap at the zone's maximum power."""
+        return {z.info.key: z.wrap_period_s for z in self._zones}
+
+    def _reading(self, zone: _Zone, t_s: float, energy_j: float) -> EnergyReading:
+        flags: tuple[str, ...] = ("wrap_ambiguous",) if zone.ambiguous else ()
+        zone.ambiguous = False
+        return EnergyReading(zone.info.key, t_s, energy_j, "counter", flags)
+
     def read(self) -> list[EnergyReading]:
         """Cumulative J per zone since the sensor started, unwrapped."""
         with self._lock:
             out = []
             for zone in self._zones:
                 self._advance(zone)
-                out.append(EnergyReading(zone.info.key, zone.t_s, uj_to_j(zone.total_uj), "counter"))
+                out.append(self._reading(zone, zone.t_s, uj_to_j(zone.total_uj)))
             return out
 
     def read_at(self, t_s: float) -> list[EnergyReading]:
@@ -154,7 +221,7 @@ class RaplSensor:
                 previous_j = uj_to_j(zone.total_uj)
                 self._advance(zone)
                 energy_j = uj_to_j(zone.total_uj) - zone.power_w * max(0.0, zone.t_s - t_s)
-                out.append(EnergyReading(zone.info.key, t_s, max(previous_j, energy_j), "counter"))
+                out.append(self._reading(zone, t_s, max(previous_j, energy_j)))
             return out
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -9,7 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wattwatch.accounting import IntervalIn, emissions_g, rollup_intervals, split_interval
+from wattwatch.accounting.quantiles import EnergySketch, nearest_rank
 from wattwatch.accounting.rollup import hour_floor_s
+from wattwatch.accounting.spans import EnergySplit, split_job_energy
 
 # Up to a petajoule per interval (a 10 MW cluster for three years), including subnormal energies.
 energies_j = st.one_of(
@@ -106,6 +109,12 @@ def test_rollup_peak_is_whole_host_per_tick_and_idle_goes_to_the_start_hour() ->
     )
     # Tick 1: 300 + 200 + 10 (cpu share) J in 1 s; tick 2: 400 J in 2 s.
     assert rollup.job_host["j"].peak_power_w == pytest.approx(510.0)
+    # The job's timeline for per-span energy: one entry per tick, summed over the host's devices.
+    assert rollup.job_ticks_j == {
+        ("j", t0, t0 + 1): pytest.approx(510.0),
+        ("j", t0 + 1, t0 + 3): 400.0,
+        ("j", t0 + 3, t0 + 3): 1.0,
+    }
     assert rollup.job_host["j"].first_s == t0
     assert rollup.job_host["j"].last_s == t0 + 3
     assert rollup.job_device[("j", "gpu0")].energy_j == pytest.approx(701.0)
@@ -127,3 +136,89 @@ def test_rollup_takes_no_peak_from_intervals_shorter_than_the_power_window() -> 
     assert rollup.job_host["j"].peak_power_w == pytest.approx(600.0)
     assert rollup.job_device[("j", "gpu0")].max_power_w == pytest.approx(600.0)
     assert rollup.job_device[("j", "gpu0")].energy_j == pytest.approx(630.0)
+
+
+# --- per-span energy (accounting.spans) and quantiles ---------------------------------------------------
+
+
+def test_split_job_energy_shares_each_instant_among_spans_in_flight() -> None:
+    # 10 W for 10 s. A alone on [0, 2), A and B on [2, 5), B alone on [5, 6), nobody on [6, 10).
+    split = split_job_energy([(0.0, 10.0, 100.0)], [(0.0, 5.0), (2.0, 6.0)])
+    assert split.span_energy_j == [35.0, 25.0]
+    assert (split.waiting_energy_j, split.energy_j) == (40.0, 100.0)
+
+
+def test_split_job_energy_overlapping_ticks_add_their_power() -> None:
+    # Two hosts of one job with different tick bounds: 10 W on [0, 4) plus 20 W on [1, 3).
+    split = split_job_energy([(0.0, 4.0, 40.0), (1.0, 3.0, 40.0)], [(0.5, 2.0)])
+    assert split.span_energy_j == [pytest.approx(5.0 + 30.0)]
+    assert split.waiting_energy_j == pytest.approx(45.0)
+
+
+def test_split_job_energy_window_points_and_buckets() -> None:
+    # Window [1, 8): 70 J of the 10 W tick plus a 7 J point at t=3 shared by A and B; a zero-length span
+    # gets nothing; waiting is [6, 8), all in the bucket starting at 6.
+    split = split_job_energy(
+        [(0.0, 10.0, 100.0), (3.0, 3.0, 7.0)],
+        [(0.0, 5.0), (2.0, 6.0), (3.0, 3.0)],
+        window_start_s=1.0,
+        window_end_s=8.0,
+        bucket_s=2.0,
+    )
+    assert split.span_energy_j == [28.5, 28.5, 0.0]
+    assert (split.waiting_energy_j, split.energy_j) == (20.0, 77.0)
+    assert split.waiting_by_bucket_j == {6.0: 20.0}
+
+
+def test_split_job_energy_point_at_a_span_boundary_goes_to_the_span_that_starts() -> None:
+    # Spans are in flight on [start, end): at t=2, A has ended and B has begun.
+    split = split_job_energy([(2.0, 2.0, 6.0)], [(0.0, 2.0), (2.0, 4.0)])
+    assert split.span_energy_j == [0.0, 6.0]
+    assert split_job_energy([(4.0, 4.0, 6.0)], [(0.0, 2.0), (2.0, 4.0)]).waiting_energy_j == 6.0
+
+
+def test_split_job_energy_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="span 0 ends"):
+        split_job_energy([], [(2.0, 1.0)])
+    with pytest.raises(ValueError, match="tick"):
+        split_job_energy([(0.0, 1.0, -1.0)], [])
+    with pytest.raises(ValueError, match="window"):
+        split_job_energy([], [], window_start_s=2.0, window_end_s=1.0)
+    assert split_job_energy([], []) == EnergySplit([], 0.0, 0.0, {})
+
+
+@given(
+    values=st.lists(
+        st.one_of(st.just(0.0), st.floats(min_value=1e-6, max_value=1e9, allow_nan=False)), min_size=1, max_size=300
+    ),
+    q=st.sampled_from([0.01, 0.5, 0.95, 1.0]),
+)
+def test_sketch_quantiles_are_within_its_relative_accuracy(values: list[float], q: float) -> None:
+    sketch = EnergySketch()
+    for v in values:
+        sketch.add(v)
+    exact = nearest_rank(values, q)
+    assert exact is not None
+    assert sketch.quantile(q) == pytest.approx(exact, rel=sketch.relative_accuracy, abs=0.0)
+    # Round trip through JSON, then take every value back out: empty again.
+    again = EnergySketch.from_json(json.loads(json.dumps(sketch.to_json())))
+    for v in values:
+        again.remove(v)
+    assert again.count == 0 and again.quantile(0.5) is None
+
+
+def test_sketch_merges_its_lowest_buckets_past_the_cap() -> None:
+    sketch = EnergySketch(0.01, max_buckets=8)
+    values = [1.5**k for k in range(40)]
+    for v in values:
+        sketch.add(v)
+    assert len(sketch.buckets) == 8 and sketch.count == 40
+    # High quantiles stay accurate; a value added before the merge can still be taken out.
+    assert sketch.quantile(0.95) == pytest.approx(nearest_rank(values, 0.95), rel=0.01)
+    sketch.remove(values[0])
+    assert sketch.count == 39
+    with pytest.raises(ValueError):
+        EnergySketch().remove(1.0)
+    with pytest.raises(ValueError):
+        EnergySketch().add(-1.0)
+    assert nearest_rank([], 0.5) is None

@@ -48,11 +48,17 @@ class JobHostTotals:
 
 @dataclass
 class BatchRollup:
-    """Totals of one batch. ``idle_j`` is keyed by ``(device, hour_s)``, hour_s = start floored to the hour."""
+    """Totals of one batch. ``idle_j`` is keyed by ``(device, hour_s)``, hour_s = start floored to the hour.
+
+    ``job_ticks_j`` is each job's energy per tick on this host, keyed by ``(job, t_start_s, t_end_s)``
+    and summed over the host's devices: the job's energy timeline that per-span energies are shared
+    from (``accounting.spans``), a device-count times smaller than the raw intervals.
+    """
 
     job_device: dict[tuple[str, str], JobDeviceTotals] = field(default_factory=dict)
     job_host: dict[str, JobHostTotals] = field(default_factory=dict)
     idle_j: dict[tuple[str, float], float] = field(default_factory=dict)
+    job_ticks_j: dict[tuple[str, float, float], float] = field(default_factory=dict)
 
 
 # An energy counter advances about every 100 ms and tick reads are not pinned to its updates, so the
@@ -75,7 +81,6 @@ def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
     Intervals shorter than ``MIN_POWER_WINDOW_S`` add energy but no peak.
     """
     out = BatchRollup()
-    per_tick_j: dict[tuple[str, float, float], float] = {}
     for iv in intervals:
         jobs_j, idle_j = split_interval(iv.energy_j, iv.shares, iv.idle_weight)
         duration_s = iv.t_end_s - iv.t_start_s
@@ -85,15 +90,16 @@ def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
             jd.sources.add(iv.source)
             if duration_s >= MIN_POWER_WINDOW_S:
                 jd.max_power_w = max(jd.max_power_w, part_j / duration_s)
-                tick = (job_id, iv.t_start_s, iv.t_end_s)
-                per_tick_j[tick] = per_tick_j.get(tick, 0.0) + part_j
+            tick = (job_id, iv.t_start_s, iv.t_end_s)
+            out.job_ticks_j[tick] = out.job_ticks_j.get(tick, 0.0) + part_j
             jh = out.job_host.setdefault(job_id, JobHostTotals())
             jh.first_s = min(jh.first_s, iv.t_start_s)
             jh.last_s = max(jh.last_s, iv.t_end_s)
         if idle_j > 0.0 or not jobs_j:
             key = (iv.device, hour_floor_s(iv.t_start_s))
             out.idle_j[key] = out.idle_j.get(key, 0.0) + idle_j
-    for (job_id, t_start_s, t_end_s), energy_j in per_tick_j.items():
-        jh = out.job_host[job_id]
-        jh.peak_power_w = max(jh.peak_power_w, energy_j / (t_end_s - t_start_s))
+    for (job_id, t_start_s, t_end_s), energy_j in out.job_ticks_j.items():
+        if t_end_s - t_start_s >= MIN_POWER_WINDOW_S:
+            jh = out.job_host[job_id]
+            jh.peak_power_w = max(jh.peak_power_w, energy_j / (t_end_s - t_start_s))
     return out

@@ -16,6 +16,7 @@ from wattwatch import wire
 from wattwatch.errors import StorageError
 from wattwatch.storage import migrate, repository
 from wattwatch.storage.engine import check_ready, make_engine, normalize_url
+from wattwatch.storage.span_energy import compute_span_energy
 from wattwatch.storage.tables import (
     DATA_TABLES,
     energy_intervals,
@@ -60,7 +61,7 @@ def iv(device: str, t_s: float, energy_j: float, shares: dict[str, float], **kw:
 def _migrate_blank(url: str) -> None:
     assert migrate.current_revision(url) is None
     migrate.upgrade(url)
-    assert migrate.current_revision(url) == migrate.head_revision() == "0001"
+    assert migrate.current_revision(url) == migrate.head_revision() == "0002"
     migrate.upgrade(url)  # a second upgrade is a no-op, as `wattwatch up` runs it every start
     engine = make_engine(url)
     try:
@@ -84,7 +85,7 @@ def test_migrations_ship_inside_the_package() -> None:
     # pyproject's package-data globs must match every migration file, or a wheel would lack them.
     root = migrate.MIGRATIONS_DIR
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
-    assert [p.name for p in (root / "versions").glob("*.py")] == ["0001_initial.py"]
+    assert sorted(p.name for p in (root / "versions").glob("*.py")) == ["0001_initial.py", "0002_span_energy.py"]
 
 
 def test_check_ready_missing_sqlite_file(tmp_path: Path) -> None:
@@ -113,7 +114,7 @@ def test_check_ready_unmigrated_sqlite(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_check_ready_unmigrated_postgres(pg_blank_url: str) -> None:
     with pytest.raises(
-        StorageError, match=r"is at revision none, this wattwatch needs 0001; run `wattwatch db upgrade"
+        StorageError, match=r"is at revision none, this wattwatch needs 0002; run `wattwatch db upgrade"
     ):
         check_ready(pg_blank_url)
 
@@ -304,10 +305,24 @@ def test_queries_and_sources(db_engine: Engine) -> None:
     assert repository.add_queries(db_engine, "srv", queries, host="h1") == 3
     job = repository.get_job(db_engine, "srv", now_s=T0 + 4)
     assert job is not None
+    # Counted at once; energies only once the span-energy pass has settled them.
+    assert (job["queries"], job["query_method"], job["queries_settled"], job["energy_per_query_j"]) == (
+        4,
+        "spans",
+        0,
+        None,
+    )
+    compute_span_energy(db_engine, now_s=T0 + 100)
+    job = repository.get_job(db_engine, "srv", now_s=T0 + 4)
+    assert job is not None
     assert job["sources"] == ["counter", "estimate", "power"]
     assert (job["queries"], job["tokens"], job["tokens_in"], job["tokens_out"]) == (4, 220, 10, 210)
-    assert job["energy_per_query_j"] == pytest.approx(200.0 / 4)
+    # The first query had T0..T0+1 alone (100 J GPU + 40 J CPU); three shared T0+1..T0+2 (60 J).
+    assert job["energy_per_query_j"] == pytest.approx((140.0 + 3 * 20.0) / 4)
+    assert job["energy_per_query_p50_j"] == pytest.approx(20.0, rel=0.002)
+    assert job["energy_per_query_p95_j"] == pytest.approx(140.0, rel=0.002)
     assert job["energy_per_token_j"] == pytest.approx(200.0 / 220)
+    assert job["waiting_energy_j"] == 0.0
     assert job["cpu_energy_j"] == 40.0 and job["gpu_energy_j"] == 160.0
     assert "estimated" in job["source_note"]
     with pytest.raises(repository.UnknownJob):

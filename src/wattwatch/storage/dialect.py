@@ -1,7 +1,8 @@
-"""The few statements SQLite and PostgreSQL spell differently: upserts and max/min of two values."""
+"""The few statements SQLite and PostgreSQL spell differently: upserts, max/min of two values, bulk appends."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Table, case, func, literal
@@ -42,3 +43,24 @@ def append_token(existing: Any, token: Any) -> ColumnElement[Any]:
         ((literal(",") + existing + literal(",")).contains(literal(",") + token + literal(",")), existing),
         else_=existing + literal(",") + token,
     )
+
+
+def append_rows(conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Append ``rows`` (tuples in ``columns`` order) to ``table`` within ``conn``'s transaction.
+
+    COPY on PostgreSQL (about twice executemany's speed, and it is the path high-rate data takes),
+    executemany elsewhere.
+    """
+    if not rows:
+        return
+    if conn.dialect.name == "postgresql":
+        # The driver connection is the one SQLAlchemy's transaction runs on, so COPY commits with it.
+        names = ", ".join(f'"{c}"' for c in columns)
+        with (
+            conn.connection.driver_connection.cursor() as cursor,  # type: ignore[union-attr]
+            cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+        return
+    conn.execute(table.insert(), [dict(zip(columns, row, strict=True)) for row in rows])

@@ -19,13 +19,13 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from wattwatch.accounting.carbon import emissions_g
 from wattwatch.accounting.rollup import hour_floor_s
+from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
     devices,
     hosts,
     idle_energy,
     job_device_energy,
     job_hosts,
-    job_query_totals,
     jobs,
 )
 from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc
@@ -87,7 +87,7 @@ def _job_entries(
         .select_from(job_hosts.join(hosts, job_hosts.c.host_id == hosts.c.id))
         .where(job_hosts.c.job_id.in_(job_ids))
     ).all()
-    query_rows = conn.execute(select(job_query_totals).where(job_query_totals.c.job_id.in_(job_ids))).all()
+    figures = read_span_figures(conn, job_ids)
 
     per_job_host: dict[str, dict[str, dict[str, float]]] = {}
     per_job_kind: dict[str, dict[str, float]] = {}
@@ -103,7 +103,6 @@ def _job_entries(
     for job_id, host, peak_power_w in host_rows:
         h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
         h["peak_power_w"] = peak_power_w
-    per_job_queries = {r.job_id: (r.queries, r.tokens_in, r.tokens_out) for r in query_rows}
 
     entries: dict[str, dict[str, Any]] = {}
     for job in job_rows:
@@ -111,8 +110,7 @@ def _job_entries(
         energy_j = math.fsum(by_kind.values())
         end_s = job.ended_at_s if job.ended_at_s is not None else now_s
         duration_s = max(end_s - job.started_at_s, 0.0)
-        n_queries, tokens_in, tokens_out = per_job_queries.get(job.id, (0, 0, 0))
-        tokens = tokens_in + tokens_out
+        spans = figures.get(job.id, SpanFigures()).report_fields()
         per_host = per_job_host.get(job.id, {})
         sources = sorted(per_job_sources.get(job.id, set()))
         notes = [_SOURCE_NOTES[s] for s in sources if s in _SOURCE_NOTES]
@@ -134,10 +132,8 @@ def _job_entries(
             # Sum of each host's peak: exact on one host, an upper bound when hosts peak at different times.
             # A job shorter than a peak window has no peak of its own: its average is the best figure.
             "peak_power_w": max(math.fsum(h["peak_power_w"] for h in per_host.values()), avg_power_w or 0.0),
-            "queries": n_queries,
-            "tokens": tokens,
-            "energy_per_query_j": energy_j / n_queries if n_queries else None,
-            "energy_per_token_j": energy_j / tokens if tokens else None,
+            # queries, tokens, energy_per_query_j, energy_per_token_j, and the per-query/per-step extras.
+            **spans,
             "emissions_g": emissions_g(energy_j, grid_intensity_g_per_kwh, pue),
             "sources": sources,
             # Extras (DESIGN: "more fields are welcome").
@@ -145,8 +141,6 @@ def _job_entries(
             "running": job.ended_at_s is None,
             "started_at_s": job.started_at_s,
             "ended_at_s": job.ended_at_s,
-            "tokens_in": tokens_in,
-            "tokens_out": tokens_out,
             "per_host": [
                 {"host": name, "energy_j": h["energy_j"], "peak_power_w": h["peak_power_w"]}
                 for name, h in sorted(per_host.items())
@@ -269,6 +263,8 @@ class MetricsSnapshot:
     job_energy: list[tuple[str, str, str, str, str, float]] = field(default_factory=list)
     # job id -> (name, kind, running, started_at_s, energy_j, queries, tokens)
     jobs: dict[str, tuple[str, str, bool, float, float, int, int]] = field(default_factory=dict)
+    # job id -> per-query and per-step figures (jobs with spans or counts only)
+    spans: dict[str, SpanFigures] = field(default_factory=dict)
     # (host, device kind, joules)
     idle: list[tuple[str, str, float]] = field(default_factory=list)
     host: list[tuple[str, str, float]] = field(default_factory=list)
@@ -291,28 +287,19 @@ def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float) -> Met
         energy_by_job: dict[str, float] = {}
         for job_id, *_, energy_j in snap.job_energy:
             energy_by_job[job_id] = energy_by_job.get(job_id, 0.0) + energy_j
+        snap.spans = read_span_figures(conn, select(jobs.c.id).where(visible))
         for r in conn.execute(
-            select(
-                jobs.c.id,
-                jobs.c.name,
-                jobs.c.kind,
-                jobs.c.ended_at_s,
-                jobs.c.started_at_s,
-                job_query_totals.c.queries,
-                job_query_totals.c.tokens_in,
-                job_query_totals.c.tokens_out,
-            )
-            .select_from(jobs.outerjoin(job_query_totals, job_query_totals.c.job_id == jobs.c.id))
-            .where(visible)
+            select(jobs.c.id, jobs.c.name, jobs.c.kind, jobs.c.ended_at_s, jobs.c.started_at_s).where(visible)
         ):
+            figures = snap.spans.get(r.id, SpanFigures())
             snap.jobs[r.id] = (
                 r.name,
                 r.kind,
                 r.ended_at_s is None,
                 r.started_at_s,
                 energy_by_job.get(r.id, 0.0),
-                int(r.queries or 0),
-                int(r.tokens_in or 0) + int(r.tokens_out or 0),
+                figures.queries,
+                figures.tokens_in + figures.tokens_out,
             )
         idle_host = idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
             hosts, devices.c.host_id == hosts.c.id

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, String, Text, bindparam, case, cast, 
 
 from wattwatch import wire
 from wattwatch.accounting.rollup import IntervalIn, JobHostTotals, rollup_intervals
-from wattwatch.storage.dialect import append_token, greatest, least, upsert
+from wattwatch.storage.dialect import append_rows, append_token, greatest, least, upsert
 from wattwatch.storage.engine import WRITE_TX
 from wattwatch.storage.reads import (
     DEFAULT_LIST_LIMIT,
@@ -26,6 +26,7 @@ from wattwatch.storage.reads import (
     list_jobs,
     metrics_snapshot,
 )
+from wattwatch.storage.spans import record_spans, record_ticks
 from wattwatch.storage.tables import (
     devices,
     energy_intervals,
@@ -34,10 +35,8 @@ from wattwatch.storage.tables import (
     ingested_batches,
     job_device_energy,
     job_hosts,
-    job_query_totals,
     jobs,
 )
-from wattwatch.storage.tables import queries as queries_table
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",
@@ -106,8 +105,10 @@ def ingest_batch(engine: Engine, batch: wire.Batch, *, received_at_s: float) -> 
         device_ids = _upsert_devices(conn, host_id, batch.devices)
         _upsert_jobs(conn, _job_rows(batch, received_at_s))
 
-        _insert_intervals(
+        append_rows(
             conn,
+            energy_intervals,
+            _INTERVAL_COLUMNS,
             [
                 (
                     device_ids[iv.device],
@@ -140,7 +141,8 @@ def ingest_batch(engine: Engine, batch: wire.Batch, *, received_at_s: float) -> 
             seen.last_s = max(seen.last_s, job.ended_at_s or start_s)
         _add_job_hosts(conn, host_id, job_host)
         _add_idle(conn, [(device_ids[key], hour_s, energy_j) for (key, hour_s), energy_j in rollup.idle_j.items()])
-        _insert_queries(conn, host_id, batch.queries)
+        record_ticks(conn, host_id, rollup.job_ticks_j)
+        record_spans(conn, host_id, batch.queries, batch.query_counts)
     return IngestResult(duplicate=False, n_intervals=len(batch.intervals))
 
 
@@ -178,9 +180,10 @@ def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
 
 
 def add_queries(engine: Engine, job_id: str, queries: Sequence[wire.Query], *, host: str | None = None) -> int:
-    """Record completed inference queries of ``job_id``; returns how many. Raises UnknownJob.
+    """Record completed spans (queries, steps, epochs) of ``job_id``; returns how many. Raises UnknownJob.
 
-    Every query's ``job`` must be ``job_id`` (ValueError otherwise): the caller addressed one job.
+    Every span's ``job`` must be ``job_id`` (ValueError otherwise): the caller addressed one job.
+    Their energies follow from the next span-energy pass, exactly as for spans in agent batches.
     """
     for i, q in enumerate(queries):
         if q.job != job_id:
@@ -191,7 +194,7 @@ def add_queries(engine: Engine, job_id: str, queries: Sequence[wire.Query], *, h
         host_id = None
         if host:
             host_id = conn.execute(select(hosts.c.id).where(hosts.c.name == host)).scalar()
-        _insert_queries(conn, host_id, queries)
+        record_spans(conn, host_id, queries)
     return len(queries)
 
 
@@ -242,23 +245,6 @@ def _upsert_devices(conn: Connection, host_id: int, batch_devices: Sequence[wire
 _INTERVAL_COLUMNS = ("device_id", "t_start_s", "t_end_s", "energy_j", "source", "flags")
 
 
-def _insert_intervals(conn: Connection, rows: list[tuple[int, float, float, float, str, str]]) -> None:
-    """Append raw intervals: COPY on PostgreSQL (about twice executemany's speed), executemany elsewhere."""
-    if not rows:
-        return
-    if conn.dialect.name == "postgresql":
-        # The driver connection is the one SQLAlchemy's transaction runs on, so COPY commits with it.
-        columns = ", ".join(_INTERVAL_COLUMNS)
-        with (
-            conn.connection.driver_connection.cursor() as cursor,  # type: ignore[union-attr]
-            cursor.copy(f"COPY {energy_intervals.name} ({columns}) FROM STDIN") as copy,
-        ):
-            for row in rows:
-                copy.write_row(row)
-        return
-    conn.execute(energy_intervals.insert(), [dict(zip(_INTERVAL_COLUMNS, row, strict=True)) for row in rows])
-
-
 def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float) -> dict[str, Any]:
     return {
         "id": job.id,
@@ -274,13 +260,14 @@ def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float
 
 
 def _job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
-    """Job rows for the batch's job records, plus placeholders for ids only intervals or queries name."""
+    """Job rows for the batch's job records, plus placeholders for ids only intervals, spans or counts name."""
     first_seen_s: dict[str, float] = {}
     for iv in batch.intervals:
         for job_id in iv.shares:
             first_seen_s[job_id] = min(first_seen_s.get(job_id, iv.t_start_s), iv.t_start_s)
-    for q in batch.queries:
-        first_seen_s[q.job] = min(first_seen_s.get(q.job, q.t_start_s), q.t_start_s)
+    spans: list[wire.Query | wire.QueryCount] = [*batch.queries, *batch.query_counts]
+    for span in spans:
+        first_seen_s[span.job] = min(first_seen_s.get(span.job, span.t_start_s), span.t_start_s)
     rows: dict[str, dict[str, Any]] = {}
     for job in batch.jobs:  # a later record of the same job in one batch wins, as across batches
         fallback_s = first_seen_s.get(job.id, received_at_s)
@@ -404,43 +391,4 @@ def _add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
             set_={"energy_j": idle_energy.c.energy_j + stmt.excluded.energy_j},
         ),
         [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)],
-    )
-
-
-def _insert_queries(conn: Connection, host_id: int | None, batch_queries: Sequence[wire.Query]) -> None:
-    if not batch_queries:
-        return
-    conn.execute(
-        queries_table.insert(),
-        [
-            {
-                "job_id": q.job,
-                "host_id": host_id,
-                "t_start_s": q.t_start_s,
-                "t_end_s": q.t_end_s,
-                "tokens_in": q.tokens_in,
-                "tokens_out": q.tokens_out,
-            }
-            for q in batch_queries
-        ],
-    )
-    per_job: dict[str, list[int]] = {}
-    for q in batch_queries:
-        t = per_job.setdefault(q.job, [0, 0, 0])
-        t[0] += 1
-        t[1] += q.tokens_in
-        t[2] += q.tokens_out
-    stmt = upsert(conn, job_query_totals)
-    new = stmt.excluded
-    tot = job_query_totals
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[tot.c.job_id],
-            set_={
-                "queries": tot.c.queries + new.queries,
-                "tokens_in": tot.c.tokens_in + new.tokens_in,
-                "tokens_out": tot.c.tokens_out + new.tokens_out,
-            },
-        ),
-        [{"job_id": j, "queries": n, "tokens_in": ti, "tokens_out": to} for j, (n, ti, to) in sorted(per_job.items())],
     )

@@ -4,6 +4,10 @@ Times are Unix epoch seconds (``*_s``, Float) and energies joules (``*_j``, Floa
 format, so nothing is converted between agent, database and report. ``energy_intervals`` is the raw
 record; ``job_device_energy``, ``job_hosts``, ``idle_energy`` and ``job_query_totals`` are rollups
 that ingest keeps current, so reports read O(jobs) rows, never the raw intervals.
+
+Per-span energy (``storage.span_energy``): ``job_ticks`` is each job's energy timeline, ``queries``
+and ``query_counts`` the spans and counts it is shared among, ``span_dirty`` the queue of jobs with
+data not yet shared out, and ``span_stats``/``span_waiting`` the results reports read.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ jobs = Table(
     # True while only intervals or queries have named the job; the first real job record replaces
     # name, kind and labels and clears it.
     Column("placeholder", Boolean, nullable=False, default=False),
+    # Longest tick of the job (s): how far back a window must look for ticks that reach into it.
+    Column("max_tick_s", Float, nullable=False, default=0.0, server_default="0"),
     Index(None, "started_at_s"),
     Index(None, "ended_at_s"),
 )
@@ -125,6 +131,27 @@ queries = Table(
     Column("t_end_s", Float, nullable=False),
     Column("tokens_in", Integer, nullable=False),
     Column("tokens_out", Integer, nullable=False),
+    # query | step | epoch (wire.SpanKind); the table keeps its first name, "queries".
+    Column("kind", String(8), nullable=False, default="query", server_default="query"),
+    # The span's share of its job's energy (J); NULL until the span is settled and computed.
+    Column("energy_j", Float, nullable=True),
+    Index(None, "job_id", "kind", "t_start_s"),
+)
+
+# Completed-request counts over windows (a serving engine's counters, scraped): no spans, so energy
+# per query is the energy of the windows / the queries they completed.
+query_counts = Table(
+    "query_counts",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("host_id", Integer, ForeignKey("hosts.id", ondelete="SET NULL"), nullable=True),
+    Column("t_start_s", Float, nullable=False),
+    Column("t_end_s", Float, nullable=False),
+    Column("queries", BigInteger, nullable=False),
+    Column("tokens_in", BigInteger, nullable=False),
+    Column("tokens_out", BigInteger, nullable=False),
+    Column("energy_j", Float, nullable=True),  # the window's share of the job's energy, once computed
     Index(None, "job_id", "t_start_s"),
 )
 
@@ -133,9 +160,68 @@ job_query_totals = Table(
     "job_query_totals",
     metadata,
     Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
-    Column("queries", BigInteger, nullable=False),
+    Column("queries", BigInteger, nullable=False),  # spans of kind "query" only
     Column("tokens_in", BigInteger, nullable=False),
     Column("tokens_out", BigInteger, nullable=False),
+    Column("steps", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("epochs", BigInteger, nullable=False, default=0, server_default="0"),
+    # Sums of QueryCount records (counts-only serving metrics).
+    Column("counted_queries", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("counted_tokens_in", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("counted_tokens_out", BigInteger, nullable=False, default=0, server_default="0"),
+)
+
+# A job's energy per tick per host (summed over the host's devices): what spans share.
+job_ticks = Table(
+    "job_ticks",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("host_id", Integer, ForeignKey("hosts.id", ondelete="SET NULL"), nullable=True),
+    Column("t_start_s", Float, nullable=False),
+    Column("t_end_s", Float, nullable=False),
+    Column("energy_j", Float, nullable=False),
+    Index(None, "job_id", "t_start_s"),
+)
+
+# "Job J has new ticks, spans or counts from t_s on": appended by ingest (no shared row to lock),
+# consumed by the span-energy pass, which deletes what it read in the transaction that computes it.
+span_dirty = Table(
+    "span_dirty",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("t_s", Float, nullable=False),
+    Index(None, "job_id"),
+)
+
+# Per job and span kind (query | step | epoch | count): the settled spans' totals and quantiles.
+span_stats = Table(
+    "span_stats",
+    metadata,
+    Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("kind", String(8), primary_key=True),
+    Column("max_span_s", Float, nullable=False),  # longest span (s): how far back a window looks
+    Column("settled_spans", BigInteger, nullable=False),  # spans (or count windows) computed
+    Column("settled_queries", BigInteger, nullable=False),  # spans, or the queries count windows hold
+    Column("settled_tokens", BigInteger, nullable=False),
+    Column("settled_energy_j", Float, nullable=False),
+    Column("waiting_energy_j", Float, nullable=False),  # energy with no span of this kind in flight
+    Column("sketch", JSON, nullable=True),  # accounting.quantiles.EnergySketch.to_json()
+    Column("p50_j", Float, nullable=True),
+    Column("p95_j", Float, nullable=True),
+    Column("computed_to_s", Float, nullable=True),  # end of the last window computed
+    Column("computed_at_s", Float, nullable=True),  # when (collector clock)
+)
+
+# Waiting energy per job, kind and minute: a recomputed window replaces its minutes wholesale.
+span_waiting = Table(
+    "span_waiting",
+    metadata,
+    Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("kind", String(8), primary_key=True),
+    Column("bucket_s", Float, primary_key=True),
+    Column("energy_j", Float, nullable=False),
 )
 
 ingested_batches = Table(
@@ -149,6 +235,11 @@ ingested_batches = Table(
 
 # Children first: the order to empty tables in.
 DATA_TABLES = (
+    "span_waiting",
+    "span_stats",
+    "span_dirty",
+    "job_ticks",
+    "query_counts",
     "ingested_batches",
     "job_query_totals",
     "queries",

@@ -47,8 +47,14 @@ def clock() -> Clock:
 
 @pytest.fixture
 def client(settings: Settings, db_engine: Engine, clock: Clock) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, db_engine, clock=clock)) as c:
+    # No timer: tests run the span-energy pass themselves, so what they read never depends on timing.
+    with TestClient(create_app(settings, db_engine, clock=clock, span_energy_interval_s=None)) as c:
         yield c
+
+
+def compute_spans(client: TestClient) -> None:
+    """Run the app's span-energy pass now, for everything received."""
+    client.app.state.wattwatch.span_energy.run_once(settle_s=0.0)  # type: ignore[attr-defined]
 
 
 def post_batch(client: TestClient, b: wire.Batch, headers: dict[str, str] | None = None) -> Any:
@@ -240,6 +246,10 @@ def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
     post_batch(client, sample_batch())
     post_batch(client, sample_batch())  # duplicate
     client.post("/api/v1/jobs/train-1/queries", json={"queries": [{"t_start_s": T0, "t_end_s": T0 + 1}] * 3})
+    client.post(
+        "/api/v1/jobs/train-1/queries", json={"queries": [{"t_start_s": T0 + 2, "t_end_s": T0 + 4, "kind": "step"}]}
+    )
+    compute_spans(client)
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     fams = _families(r.text)
@@ -256,7 +266,16 @@ def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
     assert value[("wattwatch_job_power_watts", job)] == pytest.approx(3000 / 100)
     assert value[("wattwatch_job_queries_total", job)] == 3
     assert value[("wattwatch_job_tokens_total", job)] == 0
-    assert value[("wattwatch_job_energy_per_query_joules", job)] == 1000
+    # Three queries shared the first second (300 J); the other nine seconds are waiting energy.
+    assert value[("wattwatch_job_energy_per_query_joules", job)] == pytest.approx(100.0)
+    for quantile in ("0.5", "0.95"):
+        sample = value[("wattwatch_job_query_energy_joules", tuple(sorted((*job, ("quantile", quantile)))))]
+        assert sample == pytest.approx(100.0, rel=0.002)
+    assert value[("wattwatch_job_query_energy_joules_count", job)] == 3
+    assert value[("wattwatch_job_query_energy_joules_sum", job)] == pytest.approx(300.0)
+    assert value[("wattwatch_job_waiting_energy_joules", job)] == pytest.approx(2700.0)
+    assert value[("wattwatch_job_steps_total", job)] == 1
+    assert value[("wattwatch_job_energy_per_step_joules", job)] == pytest.approx(600.0)
     assert value[("wattwatch_emissions_grams_total", job)] == pytest.approx(3000 / 3.6e6 * 400)
     assert value[("wattwatch_idle_energy_joules_total", (("device_kind", "gpu"), ("host", "h1")))] == 600
     assert value[("wattwatch_host_energy_joules_total", (("device_kind", "gpu"), ("host", "h1")))] == 3600

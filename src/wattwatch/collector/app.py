@@ -7,6 +7,7 @@ when the database is unreachable or unmigrated.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -26,31 +27,51 @@ from wattwatch.collector.bodies import OPENAPI_BODIES
 from wattwatch.collector.errors import ApiError
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.routes import Context, build_router
+from wattwatch.collector.span_scheduler import DEFAULT_INTERVAL_S, SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
 from wattwatch.storage.engine import check_schema, make_engine
+from wattwatch.storage.span_energy import DEFAULT_SETTLE_S
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "1"
 
 
-def create_app(settings: Settings, engine: Engine | None = None, *, clock: Callable[[], float] = time.time) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine: Engine | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    span_energy_interval_s: float | None = DEFAULT_INTERVAL_S,
+    span_energy_settle_s: float = DEFAULT_SETTLE_S,
+) -> FastAPI:
     """The collector app for ``settings``; stores into ``engine`` (default: one for ``settings.resolved_db_url``).
 
     The database must already be migrated (``wattwatch db upgrade``); ``/readyz`` says whether it is.
     ``clock`` (epoch seconds) is injectable so tests control "now" (receive times, metrics retention).
+    While the app runs (its lifespan), per-span energies are computed every ``span_energy_interval_s``
+    for data older than ``span_energy_settle_s``, and once more at shutdown; ``None`` turns that off
+    (``app.state.wattwatch.span_energy.run_once()`` still computes on demand).
     """
     owns_engine = engine is None
     db = make_engine(settings.resolved_db_url) if engine is None else engine
     registry, ingest_metrics = build_registry(db, settings, clock)
-    ctx = Context(settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock)
+    span_energy = SpanEnergyScheduler(db, clock=clock, interval_s=span_energy_interval_s, settle_s=span_energy_settle_s)
+    ctx = Context(
+        settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock, span_energy=span_energy
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if owns_engine:
-            db.dispose()
+        span_energy.start()
+        try:
+            yield
+        finally:
+            # Off the event loop: the last pass talks to the database and may take a moment.
+            await asyncio.to_thread(span_energy.stop)
+            if owns_engine:
+                db.dispose()
 
     app = FastAPI(
         title="wattwatch collector",

@@ -23,13 +23,15 @@ class JobEnd(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class QueryIn(msgspec.Struct, forbid_unknown_fields=True):
-    """One completed query; ``job`` may be left out since the path names the job."""
+    """One completed span: a query by default, or a training ``step``/``epoch``; ``job`` may be left out
+    since the path names the job."""
 
     t_start_s: wire.Epoch_s
     t_end_s: wire.Epoch_s
     tokens_in: wire.NonNegInt = 0
     tokens_out: wire.NonNegInt = 0
     job: wire.Key | None = None
+    kind: wire.SpanKind = "query"
 
     def __post_init__(self) -> None:
         if self.t_end_s < self.t_start_s:

@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from wattwatch.accounting.carbon import emissions_g
 from wattwatch.config import Settings
 from wattwatch.storage.reads import MetricsSnapshot, metrics_snapshot
+from wattwatch.storage.span_reads import SpanFigures
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,23 @@ class JobMetricsCollector(Collector):
         n_queries = CounterMetricFamily("wattwatch_job_queries", "Inference queries a job served.", labels=JOB_LABELS)
         tokens = CounterMetricFamily("wattwatch_job_tokens", "Tokens (in + out) a job processed.", labels=JOB_LABELS)
         per_query = GaugeMetricFamily(
-            "wattwatch_job_energy_per_query_joules", "Job energy / completed queries (J).", labels=JOB_LABELS
+            "wattwatch_job_energy_per_query_joules",
+            "Mean energy per settled query, waiting energy excluded (J).",
+            labels=JOB_LABELS,
+        )
+        # Per-query energies as a summary: quantiles (within the sketch's 0.2 %), _sum and _count of the
+        # settled queries. _count only grows; _sum may move slightly when late data recomputes a window.
+        query_energy = Metric(
+            "wattwatch_job_query_energy_joules", "Energy of each settled query, from request spans (J).", "summary"
+        )
+        waiting = GaugeMetricFamily(
+            "wattwatch_job_waiting_energy_joules",
+            "Energy of a serving job while no request was in flight (J).",
+            labels=JOB_LABELS,
+        )
+        n_steps = CounterMetricFamily("wattwatch_job_steps", "Training steps a job marked.", labels=JOB_LABELS)
+        per_step = GaugeMetricFamily(
+            "wattwatch_job_energy_per_step_joules", "Mean energy per settled training step (J).", labels=JOB_LABELS
         )
         idle = CounterMetricFamily(
             "wattwatch_idle_energy_joules", "Device energy no job held (J).", labels=["host", "device_kind"]
@@ -102,7 +119,20 @@ class JobMetricsCollector(Collector):
         carbon = CounterMetricFamily(
             "wattwatch_emissions_grams", "Job emissions: kWh x PUE x grid intensity (gCO2e).", labels=JOB_LABELS
         )
-        families: list[Metric] = [energy, power, n_queries, tokens, per_query, idle, host, carbon]
+        families: list[Metric] = [
+            energy,
+            power,
+            n_queries,
+            tokens,
+            per_query,
+            query_energy,
+            waiting,
+            n_steps,
+            per_step,
+            idle,
+            host,
+            carbon,
+        ]
         if snap is None:
             return families
         for job_id, name, kind, host_name, device_kind, energy_j in snap.job_energy:
@@ -115,11 +145,39 @@ class JobMetricsCollector(Collector):
                 power.add_metric(labels, energy_j / duration_s if duration_s > 0 else 0.0)
             n_queries.add_metric(labels, float(queries))
             tokens.add_metric(labels, float(n_tokens))
-            if queries:
-                per_query.add_metric(labels, energy_j / queries)
+            figures = snap.spans.get(job_id)
+            if figures is not None:
+                _add_span_figures(labels, figures, per_query, query_energy, waiting, n_steps, per_step)
             carbon.add_metric(labels, emissions_g(energy_j, s.grid_intensity_g_per_kwh, s.pue))
         for host_name, device_kind, energy_j in snap.idle:
             idle.add_metric([host_name, device_kind], energy_j)
         for host_name, device_kind, energy_j in snap.host:
             host.add_metric([host_name, device_kind], energy_j)
         return families
+
+
+def _add_span_figures(
+    labels: list[str],
+    figures: SpanFigures,
+    per_query: GaugeMetricFamily,
+    query_energy: Metric,
+    waiting: GaugeMetricFamily,
+    n_steps: CounterMetricFamily,
+    per_step: GaugeMetricFamily,
+) -> None:
+    """One job's per-query and per-step samples; a figure not known yet (None) has no sample."""
+    if figures.energy_per_query_j is not None:
+        per_query.add_metric(labels, figures.energy_per_query_j)
+    if figures.query_method == "spans" and figures.energy_per_query_p50_j is not None:
+        named = dict(zip(JOB_LABELS, labels, strict=True))
+        name = query_energy.name
+        query_energy.add_sample(name, {**named, "quantile": "0.5"}, figures.energy_per_query_p50_j)
+        query_energy.add_sample(name, {**named, "quantile": "0.95"}, figures.energy_per_query_p95_j or 0.0)
+        query_energy.add_sample(f"{name}_sum", named, (figures.energy_per_query_j or 0.0) * figures.queries_settled)
+        query_energy.add_sample(f"{name}_count", named, float(figures.queries_settled))
+    if figures.waiting_energy_j is not None:
+        waiting.add_metric(labels, figures.waiting_energy_j)
+    if figures.steps:
+        n_steps.add_metric(labels, float(figures.steps))
+    if figures.energy_per_step_j is not None:
+        per_step.add_metric(labels, figures.energy_per_step_j)

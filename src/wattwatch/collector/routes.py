@@ -21,6 +21,7 @@ from wattwatch import wire
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
 from wattwatch.collector.errors import ApiError
 from wattwatch.collector.metrics import IngestMetrics
+from wattwatch.collector.span_scheduler import SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
 from wattwatch.storage import repository
@@ -43,6 +44,7 @@ class Context:
     registry: CollectorRegistry
     ingest: IngestMetrics
     clock: Callable[[], float]
+    span_energy: SpanEnergyScheduler
 
 
 async def _raw_body(request: Request) -> bytes:
@@ -160,15 +162,40 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
             raise ApiError(404, str(exc), "job_id") from None
         return _job_or_404(ctx, job_id, carbon)
 
-    @router.post("/api/v1/jobs/{job_id}/queries", dependencies=guarded, openapi_extra=_body("QueriesIn"), tags=["jobs"])
-    def add_queries(job_id: JobId, body: RawBody) -> dict[str, Any]:
-        """Record completed inference queries of a job (counts and tokens; energy per query follows)."""
+    @router.post(
+        "/api/v1/jobs/{job_id}/queries",
+        dependencies=guarded,
+        openapi_extra=_body("QueriesIn"),
+        responses={404: _ERROR, 413: _ERROR, 422: _ERROR},
+        tags=["jobs"],
+    )
+    def add_queries(
+        job_id: JobId, body: RawBody, content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None
+    ) -> dict[str, Any]:
+        """Record completed spans of a job: inference queries (tokens in/out), or training steps/epochs.
+
+        Built for high request rates: thousands of spans per call (JSON, optionally gzip). The whole
+        body is validated first, so a 422 (naming the field) stores nothing. Energy per span follows
+        from the collector's next span-energy pass, as for spans in agent batches.
+        """
+        encoding = (content_encoding or "identity").strip().lower()
+        if encoding not in ("identity", "gzip"):
+            raise ApiError(
+                415, f"Content-Encoding {encoding!r} is not supported; send identity or gzip", "Content-Encoding"
+            )
+        if len(body) > MAX_BATCH_BYTES:
+            raise ApiError(413, f"body is over {MAX_BATCH_BYTES >> 20} MiB; post fewer spans per call", "body")
+        try:
+            if encoding == "gzip":
+                body = _gunzip(body, MAX_BATCH_BYTES)
+        except wire.WireError as exc:
+            raise ApiError(422, exc.message, exc.field) from None
         posted = _decode(body, QueriesIn)
         items = []
         for i, q in enumerate(posted.queries):
             if q.job is not None and q.job != job_id:
                 raise ApiError(422, f"job {q.job!r} differs from the job in the path, {job_id!r}", f"queries[{i}].job")
-            items.append(wire.Query(job_id, q.t_start_s, q.t_end_s, q.tokens_in, q.tokens_out))
+            items.append(wire.Query(job_id, q.t_start_s, q.t_end_s, q.tokens_in, q.tokens_out, q.kind))
         try:
             n = repository.add_queries(ctx.engine, job_id, items, host=posted.host)
         except repository.UnknownJob as exc:

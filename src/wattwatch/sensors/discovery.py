@@ -26,12 +26,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Skipped:
-    """A source that is not used here: what went wrong and what would make it work."""
+    """A source that is not used here: what went wrong and what would make it work.
+
+    ``problem`` is True when the source exists but is unusable for a reason the user can fix
+    (permissions, a failing driver); False when it is simply absent (no NVIDIA driver, RAPL in a VM).
+    """
 
     name: str
     reason: str
     fix: str = ""
     detail: str = ""
+    problem: bool = False
 
 
 @dataclass
@@ -70,11 +75,11 @@ def _discover_gpus(found: Discovery, fleet: SimulatedFleet | None, nvml: Any | N
         return
     except PermissionDenied as exc:
         fix = "run the agent as a user that may open /dev/nvidia* (root, or the group owning them)"
-        found.skipped.append(Skipped("nvml", "the NVIDIA driver refused access", fix, str(exc)))
+        found.skipped.append(Skipped("nvml", "the NVIDIA driver refused access", fix, str(exc), problem=True))
         return
     except SensorError as exc:
         fix = "check the driver with `nvidia-smi`; reinstall it if that fails too"
-        found.skipped.append(Skipped("nvml", "NVML failed to start", fix, str(exc)))
+        found.skipped.append(Skipped("nvml", "NVML failed to start", fix, str(exc), problem=True))
         return
     if not sensor.devices():
         sensor.close()
@@ -105,7 +110,9 @@ def _discover_cpus(found: Discovery, powercap_root: Path, estimate_dram: bool) -
                 found.sensors.append(DramEstimateSensor())
         return
     except PermissionDenied as exc:
-        found.skipped.append(Skipped("rapl", "RAPL energy counters are not readable", PERMISSION_FIX, str(exc)))
+        found.skipped.append(
+            Skipped("rapl", "RAPL energy counters are not readable", PERMISSION_FIX, str(exc), problem=True)
+        )
     except DeviceNotFound as exc:
         found.skipped.append(
             Skipped(
@@ -117,7 +124,9 @@ def _discover_cpus(found: Discovery, powercap_root: Path, estimate_dram: bool) -
             )
         )
     except SensorError as exc:
-        found.skipped.append(Skipped("rapl", "RAPL counters failed to read", "check the powercap sysfs", str(exc)))
+        found.skipped.append(
+            Skipped("rapl", "RAPL counters failed to read", "check the powercap sysfs", str(exc), problem=True)
+        )
     # Never alongside RAPL: both would report the same packages.
     found.sensors.append(CpuEstimateSensor())
     if estimate_dram:

@@ -396,6 +396,14 @@ class NvmlSensor:
         """Keys of GPUs that fell off the bus since the sensor started."""
         return frozenset(self._lost)
 
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver version NVML reports (None when it cannot say)."""
+        try:
+            with nvml_errors(self._nvml, "reading the driver version"):
+                return _text(self._nvml.nvmlSystemGetDriverVersion())
+        except SensorError:
+            return None
+
     def capabilities(self) -> list[GpuCapabilities]:
         """Per measured GPU: model, UUID, power limit, and whether the energy counter and POWER_INSTANT work."""
         return [

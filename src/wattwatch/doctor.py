@@ -1,0 +1,118 @@
+"""``wattwatch doctor``: which energy sources work on this host, why the others don't, and how to fix them.
+
+Runs the same discovery the agent runs (``sensors.discovery``), then describes every source: for
+each GPU its model, UUID, power limit, whether it has an energy counter (exact) and whether
+``NVML_FI_DEV_POWER_INSTANT`` works; for RAPL its zones and how often they must be read; for an
+estimate the rule it uses. The exit code is 0 when nothing here needs fixing (absent hardware, such
+as no GPU or no RAPL in a VM, is not a problem) and 1 when a source exists but is unusable for a
+reason the user can fix (permissions, a failing driver, a GPU that cannot be opened).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wattwatch.sensors.base import Sensor
+from wattwatch.sensors.discovery import Discovery, discover
+
+if TYPE_CHECKING:
+    from wattwatch.sensors.simulated import SimulatedFleet
+
+OK, SKIP, WARN = "ok  ", "skip", "FIX "
+
+
+def run_doctor(
+    *,
+    simulate_fleet: SimulatedFleet | None = None,
+    powercap_root: Path = Path("/sys/class/powercap"),
+    nvml: Any | None = None,
+) -> tuple[str, int]:
+    """The doctor's report as text, and the exit code (0: nothing to fix; 1: something to fix).
+
+    ``simulate_fleet`` examines simulated GPUs instead of NVML; ``powercap_root`` and ``nvml`` (a
+    pynvml-like module) are the hardware boundaries, passed in so tests use fixtures.
+    """
+    found = discover(simulate_fleet=simulate_fleet, powercap_root=powercap_root, nvml=nvml)
+    try:
+        lines, problems = _describe(found)
+    finally:
+        for sensor in found.sensors:
+            sensor.close()
+    lines.append("")
+    if problems:
+        lines.append(f"{problems} problem(s) to fix (marked FIX above); wattwatch measures what it can meanwhile.")
+    else:
+        lines.append("Nothing to fix: every energy source this host has is in use.")
+    return "\n".join(lines), 1 if problems else 0
+
+
+def _describe(found: Discovery) -> tuple[list[str], int]:
+    lines = ["wattwatch doctor: energy sources on this host"]
+    problems = 0
+    for title, group in (("GPUs", ("nvml",)), ("CPUs and memory", ("rapl", "rapl-dram", "estimate", "dram-estimate"))):
+        lines += ["", title]
+        for sensor in found.sensors:
+            if sensor.name in group:
+                sensor_lines, sensor_problems = _describe_sensor(sensor)
+                lines += sensor_lines
+                problems += sensor_problems
+        for skipped in found.skipped:
+            if skipped.name not in group:
+                continue
+            problems += skipped.problem
+            lines.append(f"{WARN if skipped.problem else SKIP}  {skipped.name:14s} {skipped.reason}")
+            if skipped.fix:
+                lines.append(f"      {'':14s} fix: {skipped.fix}")
+            if skipped.detail and skipped.detail != skipped.reason:
+                lines.append(f"      {'':14s} ({skipped.detail})")
+    return lines, problems
+
+
+def _describe_sensor(sensor: Sensor) -> tuple[list[str], int]:
+    from wattwatch.sensors.estimate import CpuEstimateSensor, DramEstimateSensor
+    from wattwatch.sensors.nvml import NvmlSensor
+    from wattwatch.sensors.rapl import RaplSensor
+
+    if isinstance(sensor, NvmlSensor):
+        return _describe_nvml(sensor)
+    if isinstance(sensor, RaplSensor):
+        keys = ", ".join(f"{d.key} ({d.model})" for d in sensor.devices())
+        return [
+            f"{OK}  {'rapl':14s} measured by energy counters: {keys}",
+            f"      {'':14s} counters wrap; read at least every {sensor.max_poll_interval_s:.0f} s "
+            "(the agent's tick is far shorter)",
+        ], 0
+    if isinstance(sensor, CpuEstimateSensor):
+        return [f"{OK}  {sensor.name:14s} cpu0 ESTIMATED (no readable RAPL): {sensor.tdp_source}"], 0
+    if isinstance(sensor, DramEstimateSensor):
+        return [f"{OK}  {sensor.name:14s} dram0 ESTIMATED by rule: {sensor.rule}"], 0
+    devices = ", ".join(d.key for d in sensor.devices())
+    return [f"{OK}  {sensor.name:14s} {devices}"], 0
+
+
+def _describe_nvml(sensor: Any) -> tuple[list[str], int]:
+    caps = sensor.capabilities()
+    driver = sensor.driver_version() or "unknown"
+    kind = ("SIMULATED " if sensor.simulated else "") + ("GPU" if len(caps) == 1 else "GPUs")
+    lines = [f"{OK}  {'nvml':14s} {len(caps)} {kind}, NVIDIA driver {driver}"]
+    problems = 0
+    for cap in caps:
+        limit = f"{cap.power_limit_w:.0f} W" if cap.power_limit_w is not None else "unknown"
+        lines.append(f"      {cap.key:6s} {cap.model}  {cap.uuid}  power limit {limit}")
+        counter = "yes" if cap.energy_counter else "NO"
+        instant = "yes" if cap.power_instant else "no"
+        if cap.energy_counter:
+            how = "exact: energy counter deltas, boundaries pinned to its updates"
+        elif cap.power_instant:
+            how = "no counter (pre-Volta, or hidden by vGPU/MIG): instant power integrated at ~100 Hz"
+        else:
+            how = "no counter and no instant power: the short-window average power integrated at ~100 Hz"
+        lines.append(f"      {'':6s} energy counter: {counter}   POWER_INSTANT: {instant}   -> {how}")
+        if cap.lost:
+            problems += 1
+            lines.append(f"{WARN}  {'':14s} {cap.key} fell off the bus: check `dmesg` for Xid errors")
+    for index, why in sorted(sensor.unopened.items()):
+        problems += 1
+        lines.append(f"{WARN}  {'nvml':14s} GPU {index} is not measured: {why}")
+    return lines, problems

@@ -6,11 +6,13 @@ import gzip
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -307,3 +309,73 @@ def test_apps_do_not_share_metrics(settings: Settings, db_engine: Engine) -> Non
         post_batch(a, sample_batch())
         assert "wattwatch_ingest_batches_total 1.0" in a.get("/metrics").text
         assert "wattwatch_ingest_batches_total 0.0" in b.get("/metrics").text
+
+
+def test_spans_endpoint_takes_thousands_per_call_validates_all_first_and_feeds_the_pass(
+    client: TestClient, db_engine: Engine, clock: Clock
+) -> None:
+    start = {"id": "srv", "name": "vllm", "kind": "inference", "started_at_s": T0, "host": "h1"}
+    assert client.post("/api/v1/jobs", json=start).status_code == 200
+    # 5000 queries of 0.5 s, ten starting every second over [T0, T0 + 500), plus 100 steps.
+    spans: list[dict[str, Any]] = [
+        {"t_start_s": T0 + i / 10, "t_end_s": T0 + i / 10 + 0.5, "tokens_in": 3, "tokens_out": 7} for i in range(5000)
+    ]
+    spans += [{"t_start_s": T0 + i, "t_end_s": T0 + i + 1, "kind": "step"} for i in range(100)]
+    before = row_counts(db_engine)
+    for mutate, field in [
+        (lambda s: s[4321].update(t_end_s=T0 - 1), "queries[4321].t_end_s"),
+        (lambda s: s[3].update(kind="batch"), "queries[3].kind"),
+        (lambda s: s[5099].update(tokens_in=-1), "queries[5099].tokens_in"),
+        (lambda s: s[7].update(job="other"), "queries[7].job"),
+    ]:
+        bad = json.loads(json.dumps(spans))
+        mutate(bad)
+        r = client.post("/api/v1/jobs/srv/queries", json={"queries": bad})
+        assert (r.status_code, r.json()["field"]) == (422, field), r.json()
+        assert row_counts(db_engine) == before  # nothing stored from a body with one bad span
+    body = gzip.compress(json.dumps({"queries": spans, "host": "h1"}).encode())
+    r = client.post("/api/v1/jobs/srv/queries", content=body, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 200 and r.json() == {"accepted": 5100}, r.text
+    r = client.post("/api/v1/jobs/srv/queries", content=b"{}", headers={"Content-Encoding": "br"})
+    assert (r.status_code, r.json()["field"]) == (415, "Content-Encoding")
+
+    # 100 W for the first 500 s, measured in 1 s ticks.
+    ticks = [iv("gpu0", T0 + t, 100.0, {"srv": 1.0}) for t in range(500)]
+    assert post_batch(client, batch(1, intervals=ticks)).status_code == 200
+    assert client.get("/api/v1/jobs/srv").json()["queries_settled"] == 0
+    clock.now_s = T0 + 1000
+    compute_spans(client)
+    job = client.get("/api/v1/jobs/srv").json()
+    # Five queries in flight at every instant of [T0 + 0.5, T0 + 500): 100 W / 5 x 0.5 s = 10 J each.
+    assert (job["query_method"], job["queries"], job["queries_settled"], job["steps"]) == ("spans", 5000, 5000, 100)
+    assert job["energy_per_query_p50_j"] == pytest.approx(10.0, rel=0.002)
+    assert job["energy_per_query_j"] == pytest.approx((50_000.0 - job["waiting_energy_j"]) / 5000)
+    assert job["energy_per_token_j"] == pytest.approx(job["energy_per_query_j"] / 10)
+    assert job["energy_per_step_j"] == pytest.approx(100.0)  # steps are shared among steps only
+    assert job["waiting_energy_j"] == pytest.approx(0.0, abs=1e-6)  # a query is in flight from T0 on
+
+
+def test_span_energy_runs_on_a_timer_and_once_more_at_shutdown(settings: Settings, db_engine: Engine) -> None:
+    queries = [wire.Query(job="train-1", t_start_s=T0 + t, t_end_s=T0 + t + 1) for t in range(10)]
+    clock = Clock(T0 + 100)
+    app = create_app(settings, db_engine, clock=clock, span_energy_interval_s=0.05, span_energy_settle_s=1.0)
+    with TestClient(app) as c:
+        assert app.state.wattwatch.span_energy.running
+        post_batch(c, msgspec.structs.replace(sample_batch(1), queries=queries))
+        deadline = time.monotonic() + 20
+        while c.get("/api/v1/jobs/train-1").json()["queries_settled"] < 10:
+            assert time.monotonic() < deadline, "the timer never computed the spans"
+            time.sleep(0.05)
+        assert c.get("/api/v1/jobs/train-1").json()["energy_per_query_j"] == pytest.approx(300.0)
+    assert not app.state.wattwatch.span_energy.running
+
+    # A timer that would not fire for an hour: only the pass at shutdown can compute the new spans.
+    app = create_app(settings, db_engine, clock=clock, span_energy_interval_s=3600.0, span_energy_settle_s=60.0)
+    late = [wire.Query(job="train-1", t_start_s=T0 + 99, t_end_s=T0 + 99.5)]
+    with TestClient(app) as c:
+        post_batch(c, batch(2, queries=late, intervals=[iv("gpu0", T0 + 99, 50.0, {"train-1": 1.0})]))
+        assert c.get("/api/v1/jobs/train-1").json()["queries_settled"] == 10
+    job = repository.get_job(db_engine, "train-1", now_s=clock())
+    assert job is not None and job["queries_settled"] == 11
+    with pytest.raises(ValueError, match="positive"):
+        create_app(settings, db_engine, span_energy_interval_s=0.0)

@@ -2,6 +2,8 @@
 
 Formats: ``table`` (terminal), ``json`` (the contract of DESIGN.md), ``csv`` and ``markdown``.
 Estimated energy is marked as such: a source column shows where each job's joules came from.
+The table and markdown add p50/p95 J/query, waiting energy and J/step columns only when some job
+has them, so a report of training runs stays as narrow as before; CSV always has every column.
 """
 
 from __future__ import annotations
@@ -27,9 +29,15 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("peak_power_w", "PEAK W"),
     ("queries", "QUERIES"),
     ("energy_per_query_j", "J/QUERY"),
+    ("energy_per_query_p50_j", "P50 J/Q"),
+    ("energy_per_query_p95_j", "P95 J/Q"),
+    ("waiting_energy_j", "WAITING"),
+    ("energy_per_step_j", "J/STEP"),
     ("emissions_g", "CO2e g"),
     ("sources", "SOURCES"),
 )
+# Columns shown only when at least one job has a value in them.
+_OPTIONAL = frozenset({"energy_per_query_p50_j", "energy_per_query_p95_j", "waiting_energy_j", "energy_per_step_j"})
 
 _CSV_FIELDS = (
     "id",
@@ -52,6 +60,15 @@ _CSV_FIELDS = (
     "energy_per_token_j",
     "emissions_g",
     "sources",
+    # After the original columns, so scripts reading them by position keep working.
+    "query_method",
+    "energy_per_query_p50_j",
+    "energy_per_query_p95_j",
+    "waiting_energy_j",
+    "steps",
+    "energy_per_step_j",
+    "energy_per_step_p50_j",
+    "energy_per_step_p95_j",
 )
 
 
@@ -100,7 +117,7 @@ def _cell(job: Mapping[str, Any], key: str) -> str:
         return "running" if job.get("ended_at") is None else "done"
     if key == "duration_s":
         return format_duration(value)
-    if key.endswith("energy_j") or key == "energy_per_query_j":
+    if key.endswith("_j"):
         return format_energy(value)
     if key.endswith("power_w"):
         return "-" if value is None else f"{value:.0f}"
@@ -112,8 +129,10 @@ def _cell(job: Mapping[str, Any], key: str) -> str:
 
 
 def _rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = [title for _, title in _COLUMNS]
-    rows = [[_cell(job, key) for key, _ in _COLUMNS] for job in report.get("jobs", [])]
+    jobs = report.get("jobs", [])
+    columns = [(k, t) for k, t in _COLUMNS if k not in _OPTIONAL or any(j.get(k) is not None for j in jobs)]
+    header = [title for _, title in columns]
+    rows = [[_cell(job, key) for key, _ in columns] for job in jobs]
     return header, rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -56,3 +57,47 @@ def test_rapl_double_wrap_is_measured_only_when_read_often_enough(report: accura
     assert report.passed
     text = accuracy.format_report(report)
     assert "## acceptance" in text and "FAIL" not in text
+
+
+def test_gpu_check_runs_its_measurements_on_a_simulated_board(tmp_path: Path) -> None:
+    import gpu_check
+
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--simulate", "--steady-s", "5", "--bursty-s", "3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["simulated"] is True
+    dev = report["device"]
+    assert dev["model"] == "NVIDIA H100 80GB HBM3" and dev["energy_counter"] and dev["power_instant"]
+    upd = report["update_periods_under_load"]
+    assert upd["counter"]["median_gap_s"] == pytest.approx(0.1, abs=0.002)
+    assert upd["instant_changes_at_counter_updates"] < 0.3  # live instant power
+    assert report["step_idle_to_load"]["power_usage"]["t90_s"] > 0.5  # the 1 s average lags the step
+    for section in ("steady_load", "bursty_load_50ms"):
+        errors = report[section]["vs_reference"]
+        assert abs(errors["wattwatch NvmlSensor (counter, boundary reads)"]) < 0.005, section
+    # In step with the 100 ms refresh, 50 ms bursts fool the 10 Hz sampler but not the counter.
+    assert abs(report["bursty_load_50ms"]["vs_reference"]["POWER_INSTANT 10 Hz trapezoid"]) > 0.05
+
+
+def test_gpu_check_sees_part_time_sampling(tmp_path: Path) -> None:
+    import gpu_check
+
+    out = tmp_path / "gpu_check.json"
+    args = ["--simulate", "--generation", "h100-parttime", "--steady-s", "2", "--bursty-s", "2", "--json", str(out)]
+    assert gpu_check.main(args) == 0
+    upd = json.loads(out.read_text())["update_periods_under_load"]
+    assert upd["instant_changes_at_counter_updates"] > 0.9  # held between counter updates
+
+
+def test_gpu_check_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    import gpu_check
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        assert gpu_check.main([]) == 2
+        assert "try --simulate" in capsys.readouterr().err
+    else:  # a machine with a GPU: the real check belongs to the device run, not the unit tests
+        pynvml.nvmlShutdown()
+        pytest.skip("a real GPU is present")

@@ -172,6 +172,10 @@ class _Device:
     integral_j: float = 0.0
     history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))
     returned_j: float = 0.0  # never return less than this (monotonic promise)
+    # Seen the power reading change between two counter updates: it is live. Seen it change only with
+    # the counter: it is held (a part-time sample or an average, refreshed with the counter).
+    instant_live: bool = False
+    instant_held: bool = False
     pending_flags: set[str] = field(default_factory=set)
 
     @property
@@ -484,7 +488,13 @@ class NvmlSensor:
                 try:
                     raw_mj = self._counter_mj(dev)
                     self._observe(dev, raw_mj, now_s)
-                    probe.samples.append((now_s, self._power_w(dev)))
+                    power_w = self._power_w(dev)
+                    if probe.samples and power_w != probe.samples[-1][1]:
+                        if raw_mj == probe.last_raw_mj:
+                            dev.instant_live = True
+                        else:
+                            probe.changed_with_counter = True
+                    probe.samples.append((now_s, power_w))
                     if probe.first_j is None:
                         probe.first_j, probe.first_t_s = dev.cumulative_j, now_s
                 except DeviceLost as exc:
@@ -515,8 +525,21 @@ class NvmlSensor:
 
     def _pin(self, probe: _Probe, t_s: float, t_u: float) -> tuple[float, tuple[str, ...]]:
         """E(t_s) from the counter update at ``t_u`` and the power sampled while polling."""
-        u_j = probe.dev.cumulative_j
+        dev = probe.dev
+        u_j = dev.cumulative_j
         first_t_s, first_p_w = probe.samples[0]
+        if probe.changed_with_counter and not dev.instant_live:
+            dev.instant_held = True
+        held = not dev.instant_live and dev.instant_held
+        if held and probe.first_j is not None and first_t_s < t_u:
+            t_p = t_u - self.update_period_s
+            if t_p <= t_s <= first_t_s:
+                return self._split(probe, t_s, t_u), ()
+            if t_s < t_p:
+                # The first poll came just after the update following t_s: step back from that update at
+                # the first reading, a sample of the power right before it (not the later, stale ones).
+                unpinned = t_p - t_s > self.update_period_s / 2
+                return probe.first_j - first_p_w * (t_p - t_s), ("boundary_unrefined",) if unpinned else ()
         if first_t_s - t_s <= self.poll_interval_s:
             # Polling began at the boundary: the samples cover [t_s, t_u].
             return u_j - _integrate(probe.samples, t_s, t_u), ()
@@ -536,6 +559,25 @@ class NvmlSensor:
         # covers more than half an update period.
         unpinned = first_t_s - t_s > self.update_period_s / 2
         return u_j - _integrate(probe.samples, t_s, t_u), ("boundary_unrefined",) if unpinned else ()
+
+    def _split(self, probe: _Probe, t_s: float, t_u: float) -> float:
+        """E(t_s) when the power readings are not live (held part-time samples, or 1 s averages).
+
+        Such a reading lags: through a load step at the boundary it still shows the power before it,
+        so integrating it would put the step's energy on the wrong side. Instead split the exact energy
+        of the refresh period holding ``t_s`` (the counter's [t_p, t_u]) as a step at ``t_s`` from the
+        power before it (the first reading, taken before ``t_u``) to the power after it (the reading
+        at ``t_u``, which covers the end of that period). Exact for steady power, bounded by the
+        period's energy whatever happens.
+        """
+        u_j, first_j = probe.dev.cumulative_j, probe.first_j
+        assert first_j is not None  # checked by the caller
+        t_p = t_u - self.update_period_s
+        before_s, after_s = max(0.0, t_s - t_p), max(0.0, t_u - t_s)
+        before_w, after_w = probe.samples[0][1] * before_s, probe.samples[-1][1] * after_s
+        total = before_w + after_w
+        fraction = before_w / total if total > 0 else before_s / max(before_s + after_s, 1e-9)
+        return first_j + (u_j - first_j) * fraction
 
     def _boundary_power(self, dev: _Device, t_s: float) -> tuple[float, tuple[str, ...]]:
         self._sample_power(dev)
@@ -641,6 +683,7 @@ class _Probe:
     first_j: float | None = None  # cumulative J at the first poll (the counter's update before it)
     first_t_s: float = 0.0
     samples: list[tuple[float, float]] = field(default_factory=list)  # (t_s, power_w)
+    changed_with_counter: bool = False  # the power reading changed at the poll that saw the counter move
 
 
 def _integrate(samples: list[tuple[float, float]], a_s: float, b_s: float) -> float:

@@ -2,9 +2,11 @@
 
 ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since driver load, Volta and newer) is the source of truth.
 It only refreshes every ~100 ms, so a boundary read (``read_at``) polls until the counter moves and
-subtracts the energy drawn between the boundary and that update, integrated from the instant power
-sampled while polling. Devices without the counter are integrated from ``NVML_FI_DEV_POWER_INSTANT``
-by a background thread. NVML's errors are translated once, in ``nvml_errors``.
+subtracts the energy drawn between the boundary and that update, estimated from the power sampled
+while polling (``nvml_boundary``: integrated when the instant power is live, split as a step when the
+reading only changes with the counter, as on part-time-sampled boards). Devices without the counter
+are integrated from ``NVML_FI_DEV_POWER_INSTANT`` by a background thread. NVML's errors are
+translated once, in ``nvml_errors``; ``CUDA_VISIBLE_DEVICES`` is resolved in ``visible``.
 """
 
 from __future__ import annotations
@@ -14,27 +16,32 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from wattwatch.errors import (
-    ConfigError,
-    DeviceLost,
-    DeviceNotFound,
-    NotSupported,
-    PermissionDenied,
-    SensorError,
-)
+from wattwatch.errors import DeviceLost, DeviceNotFound, NotSupported, SensorError
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
+from wattwatch.sensors.nvml_boundary import BoundaryProbe, pin_boundary
+from wattwatch.sensors.nvml_errors import NO_DRIVER, NO_DRIVER_FIX, nvml_errors, translate_nvml_error
+from wattwatch.sensors.visible import resolve_visible
 from wattwatch.units import Source, mj_to_j, mw_to_w
+
+__all__ = [
+    "NO_DRIVER",
+    "NO_DRIVER_FIX",
+    "POWER_SAMPLE_INTERVAL_S",
+    "GpuCapabilities",
+    "NvmlSensor",
+    "jittered_interval_s",
+    "nvml_errors",
+    "resolve_visible",
+    "translate_nvml_error",
+]
 
 log = logging.getLogger(__name__)
 
-NO_DRIVER = "NVML library not found / no NVIDIA driver"
-NO_DRIVER_FIX = "install the NVIDIA driver, or try --simulate N"
 # Integrator pace for GPUs without an energy counter (see NvmlSensor).
 POWER_SAMPLE_INTERVAL_S = 0.01
 
@@ -47,97 +54,6 @@ def jittered_interval_s(mean_s: float, rng: random.Random) -> float:
     phase, so the integral has no bias, only noise that averages out (+0.6 % on the same trace).
     """
     return mean_s * (0.5 + rng.random())
-
-
-# -- error translation (the only place that knows NVML's error codes) -------------------------------
-
-
-def translate_nvml_error(nvml: Any, exc: BaseException, what: str) -> SensorError:
-    """The wattwatch error for an ``NVMLError`` raised while doing ``what``; says what to do next."""
-    code = getattr(exc, "value", None)
-
-    def is_(*names: str) -> bool:
-        return any(code == getattr(nvml, f"NVML_ERROR_{name}", object()) for name in names)
-
-    if is_("GPU_IS_LOST"):
-        return DeviceLost(
-            f"{what}: the GPU fell off the bus (NVML: {exc}); check `dmesg` for Xid errors and "
-            "`nvidia-smi`; the GPU needs a reset or the host a reboot"
-        )
-    if is_("NOT_SUPPORTED", "FUNCTION_NOT_FOUND"):
-        return NotSupported(
-            f"{what}: not supported by this GPU or driver (NVML: {exc}); energy counters need a Volta or "
-            "newer GPU and a recent driver; wattwatch falls back to integrating power"
-        )
-    if is_("NO_PERMISSION"):
-        return PermissionDenied(
-            f"{what}: the NVIDIA driver refused access (NVML: {exc}); run the agent as a user that may "
-            "open /dev/nvidia* (root, or the group owning those files)"
-        )
-    if is_("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED"):
-        return DeviceNotFound(f"{what}: {NO_DRIVER} (NVML: {exc}); {NO_DRIVER_FIX}")
-    if is_("NOT_FOUND", "GPU_NOT_FOUND"):
-        return DeviceNotFound(f"{what}: no such GPU (NVML: {exc}); list the GPUs with `nvidia-smi -L`")
-    return SensorError(f"{what}: NVML error {exc} (code {code}); check the driver with `nvidia-smi`")
-
-
-@contextmanager
-def nvml_errors(nvml: Any, what: str) -> Iterator[None]:
-    """Context manager turning ``NVMLError`` into wattwatch's error tree (``translate_nvml_error``)."""
-    try:
-        yield
-    except Exception as exc:
-        if not isinstance(exc, nvml.NVMLError):
-            raise
-        raise translate_nvml_error(nvml, exc, what) from exc
-
-
-# -- CUDA_VISIBLE_DEVICES ---------------------------------------------------------------------------
-
-
-def resolve_visible(spec: str, devices: Sequence[DeviceInfo]) -> list[str]:
-    """Map a ``CUDA_VISIBLE_DEVICES`` value to device keys (``gpuN``), in the order given.
-
-    Entries are NVML indices, full UUIDs or unique UUID prefixes (with or without ``GPU-``), comma
-    separated. As in CUDA, a negative index ends the list (``-1`` hides every GPU). Raises ConfigError
-    naming the entry for anything unknown or ambiguous.
-    """
-    gpus = [d for d in devices if d.kind == "gpu"]
-    keys: list[str] = []
-    for raw in spec.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if entry.lstrip("-").isdigit():
-            index = int(entry)
-            if index < 0:
-                break
-            found = [d for d in gpus if d.index == index]
-            if not found:
-                have = ", ".join(str(d.index) for d in gpus) or "none"
-                raise ConfigError(
-                    f"CUDA_VISIBLE_DEVICES entry {entry!r}: no GPU with that index here (indices: {have})"
-                )
-        else:
-            want = entry.lower()
-            found = [
-                d
-                for d in gpus
-                if d.uuid and (d.uuid.lower().startswith(want) or d.uuid.lower().startswith("gpu-" + want))
-            ]
-            if not found:
-                raise ConfigError(
-                    f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no GPU UUID here; "
-                    "use indices or UUIDs from `nvidia-smi -L`"
-                )
-            if len(found) > 1:
-                raise ConfigError(
-                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is ambiguous (matches "
-                    f"{', '.join(str(d.uuid) for d in found)}); give more of the UUID"
-                )
-        if found[0].key not in keys:
-            keys.append(found[0].key)
-    return keys
 
 
 # -- the sensor -------------------------------------------------------------------------------------
@@ -489,14 +405,14 @@ class NvmlSensor:
                     raw_mj = self._counter_mj(dev)
                     self._observe(dev, raw_mj, now_s)
                     power_w = self._power_w(dev)
-                    if probe.samples and power_w != probe.samples[-1][1]:
+                    if probe.boundary.samples and power_w != probe.boundary.samples[-1][1]:
                         if raw_mj == probe.last_raw_mj:
                             dev.instant_live = True
                         else:
-                            probe.changed_with_counter = True
-                    probe.samples.append((now_s, power_w))
-                    if probe.first_j is None:
-                        probe.first_j, probe.first_t_s = dev.cumulative_j, now_s
+                            probe.boundary.changed_with_counter = True
+                    probe.boundary.samples.append((now_s, power_w))
+                    if probe.boundary.first_j is None:
+                        probe.boundary.first_j, probe.boundary.first_t_s = dev.cumulative_j, now_s
                 except DeviceLost as exc:
                     self._mark_lost(dev, exc)
                     del probes[key]
@@ -526,58 +442,12 @@ class NvmlSensor:
     def _pin(self, probe: _Probe, t_s: float, t_u: float) -> tuple[float, tuple[str, ...]]:
         """E(t_s) from the counter update at ``t_u`` and the power sampled while polling."""
         dev = probe.dev
-        u_j = dev.cumulative_j
-        first_t_s, first_p_w = probe.samples[0]
-        if probe.changed_with_counter and not dev.instant_live:
+        if probe.boundary.changed_with_counter and not dev.instant_live:
             dev.instant_held = True
         held = not dev.instant_live and dev.instant_held
-        if held and probe.first_j is not None and first_t_s < t_u:
-            t_p = t_u - self.update_period_s
-            if t_p <= t_s <= first_t_s:
-                return self._split(probe, t_s, t_u), ()
-            if t_s < t_p:
-                # The first poll came just after the update following t_s: step back from that update at
-                # the first reading, a sample of the power right before it (not the later, stale ones).
-                unpinned = t_p - t_s > self.update_period_s / 2
-                return probe.first_j - first_p_w * (t_p - t_s), ("boundary_unrefined",) if unpinned else ()
-        if first_t_s - t_s <= self.poll_interval_s:
-            # Polling began at the boundary: the samples cover [t_s, t_u].
-            return u_j - _integrate(probe.samples, t_s, t_u), ()
-        # We looked late, so [t_s, first poll] was not sampled. The first poll saw the update at
-        # t_p = t_u - period (updates come on a fixed cadence), so the counter knows the energy of
-        # [t_p, first poll] exactly; if t_s lies in it, only its split around t_s is estimated.
-        sampled_j = _integrate(probe.samples, first_t_s, t_u)
-        t_p = t_u - self.update_period_s
-        first_j = u_j if probe.first_j is None else probe.first_j
-        gap_j = max(0.0, u_j - first_j - sampled_j)
-        if t_p <= t_s < first_t_s:
-            # The nearest power sample, capped by what the counter says that stretch used (measured
-            # better than splitting it evenly, which smears a training dip over the whole window).
-            before_j = min(gap_j, first_p_w * (first_t_s - t_s))
-            return u_j - sampled_j - before_j, ()
-        # t_s is before that update too: extrapolate the first power sample, and say so when that
-        # covers more than half an update period.
-        unpinned = first_t_s - t_s > self.update_period_s / 2
-        return u_j - _integrate(probe.samples, t_s, t_u), ("boundary_unrefined",) if unpinned else ()
-
-    def _split(self, probe: _Probe, t_s: float, t_u: float) -> float:
-        """E(t_s) when the power readings are not live (held part-time samples, or 1 s averages).
-
-        Such a reading lags: through a load step at the boundary it still shows the power before it,
-        so integrating it would put the step's energy on the wrong side. Instead split the exact energy
-        of the refresh period holding ``t_s`` (the counter's [t_p, t_u]) as a step at ``t_s`` from the
-        power before it (the first reading, taken before ``t_u``) to the power after it (the reading
-        at ``t_u``, which covers the end of that period). Exact for steady power, bounded by the
-        period's energy whatever happens.
-        """
-        u_j, first_j = probe.dev.cumulative_j, probe.first_j
-        assert first_j is not None  # checked by the caller
-        t_p = t_u - self.update_period_s
-        before_s, after_s = max(0.0, t_s - t_p), max(0.0, t_u - t_s)
-        before_w, after_w = probe.samples[0][1] * before_s, probe.samples[-1][1] * after_s
-        total = before_w + after_w
-        fraction = before_w / total if total > 0 else before_s / max(before_s + after_s, 1e-9)
-        return first_j + (u_j - first_j) * fraction
+        return pin_boundary(
+            probe.boundary, dev.cumulative_j, t_s, t_u, held, self.update_period_s, self.poll_interval_s
+        )
 
     def _boundary_power(self, dev: _Device, t_s: float) -> tuple[float, tuple[str, ...]]:
         self._sample_power(dev)
@@ -680,32 +550,7 @@ class _Probe:
     dev: _Device
     last_raw_mj: int | None = None
     last_t_s: float = 0.0
-    first_j: float | None = None  # cumulative J at the first poll (the counter's update before it)
-    first_t_s: float = 0.0
-    samples: list[tuple[float, float]] = field(default_factory=list)  # (t_s, power_w)
-    changed_with_counter: bool = False  # the power reading changed at the poll that saw the counter move
-
-
-def _integrate(samples: list[tuple[float, float]], a_s: float, b_s: float) -> float:
-    """Integral of power over ``[a_s, b_s]`` from (t_s, power_w) samples: linear between samples, held
-    constant outside them."""
-    if b_s <= a_s or not samples:
-        return 0.0
-    total = 0.0
-    first_t, first_p = samples[0]
-    if a_s < first_t:
-        total += first_p * (min(b_s, first_t) - a_s)
-    for (t0, p0), (t1, p1) in pairwise(samples):
-        lo, hi = max(a_s, t0), min(b_s, t1)
-        if hi <= lo or t1 <= t0:
-            continue
-        p_lo = p0 + (p1 - p0) * (lo - t0) / (t1 - t0)
-        p_hi = p0 + (p1 - p0) * (hi - t0) / (t1 - t0)
-        total += (p_lo + p_hi) / 2.0 * (hi - lo)
-    last_t, last_p = samples[-1]
-    if b_s > last_t:
-        total += last_p * (b_s - max(a_s, last_t))
-    return total
+    boundary: BoundaryProbe = field(default_factory=BoundaryProbe)
 
 
 def _text(value: Any) -> str:

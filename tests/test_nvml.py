@@ -13,7 +13,6 @@ import pytest
 
 from wattwatch.errors import ConfigError, DeviceLost, DeviceNotFound, NotSupported, PermissionDenied, SensorError
 from wattwatch.sensors.base import DeviceInfo, Sensor
-from wattwatch.sensors.discovery import discover
 from wattwatch.sensors.nvml import NvmlSensor, nvml_errors, resolve_visible, translate_nvml_error
 from wattwatch.sensors.simulated import SimulatedFleet
 
@@ -309,27 +308,6 @@ def test_init_failures_map_to_clear_errors() -> None:
         NvmlSensor(no_driver_module(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     with pytest.raises(PermissionDenied):
         NvmlSensor(no_driver_module(pynvml.NVML_ERROR_NO_PERMISSION))
-
-
-def test_discovery_gpu_chain(tmp_path: Any) -> None:
-    found = discover(nvml=no_driver_module(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), powercap_root=tmp_path)
-    assert found.nvml is None
-    (gpu,) = [s for s in found.skipped if s.name == "nvml"]
-    assert gpu.reason == "NVML library not found / no NVIDIA driver"
-    assert gpu.fix == "install the NVIDIA driver, or try --simulate N"
-    assert [s.name for s in found.sensors] == ["estimate", "dram-estimate"]
-
-    fleet = SimulatedFleet(2, seed=1)
-    found = discover(simulate_fleet=fleet, powercap_root=tmp_path)
-    assert found.nvml is not None and found.sensors[0] is found.nvml
-    assert [d.key for d in found.nvml.devices()] == ["gpu0", "gpu1"]
-    assert not any(s.name == "nvml" for s in found.skipped)
-    for sensor in found.sensors:
-        sensor.close()
-
-    found = discover(nvml=no_driver_module(pynvml.NVML_ERROR_NO_PERMISSION), powercap_root=tmp_path)
-    (gpu,) = [s for s in found.skipped if s.name == "nvml"]
-    assert "/dev/nvidia" in gpu.fix
 
 
 def test_real_pynvml_without_a_driver_is_device_not_found() -> None:

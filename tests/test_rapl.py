@@ -113,18 +113,6 @@ def test_no_rapl_is_device_not_found(tmp_path: Path) -> None:
         RaplSensor(tmp_path)
 
 
-def test_cpu_chain_prefers_rapl_and_never_adds_the_estimate_too(powercap: Path, tmp_path: Path) -> None:
-    found = discover(powercap_root=powercap, simulate_fleet=one_simulated_gpu())
-    assert [s.name for s in found.sensors] == ["nvml", "rapl"]
-    assert not found.skipped
-
-    found = discover(powercap_root=tmp_path / "none", simulate_fleet=one_simulated_gpu())
-    assert [s.name for s in found.sensors] == ["nvml", "estimate", "dram-estimate"]
-    assert [d.kind for d in found.sensors[2].devices()] == ["dram"]
-    (rapl,) = found.skipped
-    assert rapl.name == "rapl" and "no RAPL" in rapl.reason and rapl.fix
-
-
 def one_simulated_gpu() -> SimulatedFleet:
     """Keeps discovery away from the real NVML, whatever this machine has."""
     return SimulatedFleet(1)

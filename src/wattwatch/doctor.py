@@ -81,7 +81,7 @@ def _describe_sensor(sensor: Sensor) -> tuple[list[str], int]:
         return [
             f"{OK}  {'rapl':14s} measured by energy counters: {keys}",
             f"      {'':14s} counters wrap; read at least every {sensor.max_poll_interval_s:.0f} s "
-            "(the agent's tick is far shorter)",
+            "(the agent's default 1 s tick is far shorter)",
         ], 0
     if isinstance(sensor, CpuEstimateSensor):
         return [f"{OK}  {sensor.name:14s} cpu0 ESTIMATED (no readable RAPL): {sensor.tdp_source}"], 0

@@ -17,12 +17,16 @@ from wattwatch.errors import StorageError
 from wattwatch.storage import migrate, repository
 from wattwatch.storage.engine import check_ready, make_engine, normalize_url
 from wattwatch.storage.span_energy import compute_span_energy
+from wattwatch.storage.spans import pack_ticks, unpack_ticks
 from wattwatch.storage.tables import (
     DATA_TABLES,
     energy_intervals,
     idle_energy,
     job_device_energy,
+    job_ticks,
     jobs,
+    queries,
+    span_dirty,
 )
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -440,3 +444,44 @@ def test_concurrent_ingest_loses_nothing(db_engine: Engine) -> None:
     report = repository.build_report(db_engine, now_s=T0 + 100)
     assert report["jobs"][0]["energy_j"] == pytest.approx(4 * 8 * 10.0)
     assert report["idle"][0]["energy_j"] == pytest.approx(4 * 8 * 1.0)
+
+
+# --- per-span energy: ticks, marks ----------------------------------------------------------------------
+
+
+def test_job_ticks_are_packed_per_batch_in_bounded_rows(db_engine: Engine) -> None:
+    ticks = [iv("gpu0", T0 + t, 10.0 + t, {"j": 1.0}) for t in range(150)]
+    ticks += [iv("gpu1", T0 + t, 1.0, {"j": 1.0}) for t in range(150)]  # same bounds: one tick per second
+    repository.ingest_batch(db_engine, batch(1, intervals=ticks), received_at_s=T0)
+    with db_engine.connect() as conn:
+        rows = conn.execute(select(job_ticks).order_by(job_ticks.c.t_start_s)).all()
+        marks = conn.execute(select(span_dirty.c.job_id, span_dirty.c.t_s, span_dirty.c.max_tick_s)).all()
+    assert [(r.t_start_s - T0, r.t_end_s - T0) for r in rows] == [(0, 60), (60, 120), (120, 150)]
+    unpacked = [tick for r in rows for tick in unpack_ticks(r.ticks)]
+    assert unpacked == [(T0 + t, T0 + t + 1, 11.0 + t) for t in range(150)]
+    assert pack_ticks(unpacked[:2]) == pack_ticks([(T0, T0 + 1, 11.0), (T0 + 1, T0 + 2, 12.0)])
+    assert marks == [("j", T0, 60.0)]
+
+
+def test_spans_after_their_ticks_were_consumed_and_a_stalled_tick(db_engine: Engine) -> None:
+    # The ticks come first and a pass runs before any span exists (so it drops the job's marks);
+    # one tick is 300 s long (an agent that stalled), which windows far after its start must still see.
+    ticks = [iv("gpu0", T0 + t, 100.0, {"srv": 1.0}) for t in range(100)]
+    ticks.append(wire.Interval(device="gpu0", t_start_s=T0 + 100, t_end_s=T0 + 400, energy_j=3000.0,
+                               source="counter", shares={"srv": 1.0}))  # fmt: skip
+    repository.ingest_batch(db_engine, batch(1, intervals=ticks), received_at_s=T0)
+    assert compute_span_energy(db_engine, now_s=T0 + 1000).windows == 0
+    spans = [
+        wire.Query(job="srv", t_start_s=T0 + 10, t_end_s=T0 + 11),
+        wire.Query(job="srv", t_start_s=T0 + 390, t_end_s=T0 + 400),
+    ]
+    repository.ingest_batch(db_engine, batch(2, queries=spans), received_at_s=T0)
+    compute_span_energy(db_engine, now_s=T0 + 1000, chunk_s=30.0)
+    with db_engine.connect() as conn:
+        energies = conn.execute(select(queries.c.energy_j).order_by(queries.c.t_start_s)).scalars().all()
+        # The longest row: ticks starting at T0 + 60 .. T0 + 100, the last one ending at T0 + 400.
+        assert conn.execute(select(jobs.c.max_tick_s)).scalar_one() == 340.0
+    assert energies == [pytest.approx(100.0), pytest.approx(100.0)]  # 10 W during the stalled tick
+    job = repository.get_job(db_engine, "srv")
+    assert job is not None
+    assert job["waiting_energy_j"] == pytest.approx(job["energy_j"] - 200.0)

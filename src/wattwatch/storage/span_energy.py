@@ -42,7 +42,7 @@ from sqlalchemy import Connection, Engine, Row, Table, and_, bindparam, delete, 
 from wattwatch.accounting.quantiles import EnergySketch
 from wattwatch.accounting.spans import bucket_floor_s, split_job_energy
 from wattwatch.storage.engine import WRITE_TX
-from wattwatch.storage.spans import COUNT_KIND, FROM_START_S, mark_dirty
+from wattwatch.storage.spans import COUNT_KIND, FROM_START_S, mark_dirty, unpack_ticks
 from wattwatch.storage.tables import job_ticks, jobs, query_counts, span_dirty, span_stats, span_waiting
 from wattwatch.storage.tables import queries as queries_table
 
@@ -134,13 +134,16 @@ def _compute_window(
     with _write(engine) as conn:
         if not _try_lock(conn, job_id):
             return "locked"
-        marks = conn.execute(delete(span_dirty).where(span_dirty.c.job_id == job_id).returning(span_dirty.c.t_s))
-        a_s = min(marks.scalars().all(), default=None)
-        if a_s is None:
+        marks = conn.execute(
+            delete(span_dirty).where(span_dirty.c.job_id == job_id).returning(span_dirty.c.t_s, span_dirty.c.max_tick_s)
+        ).all()
+        if not marks:
             return "idle"  # another replica consumed them
+        a_s = min(m.t_s for m in marks)
         stats = {r.kind: r for r in conn.execute(select(span_stats).where(span_stats.c.job_id == job_id))}
         if not stats:
             return "idle"
+        max_tick_s = _max_tick_s(conn, job_id, max(m.max_tick_s for m in marks), from_start=a_s <= FROM_START_S)
         if a_s <= FROM_START_S:
             first_s = _first_data_s(conn, job_id, stats)
             if first_s is None:
@@ -150,7 +153,6 @@ def _compute_window(
             mark_dirty(conn, {job_id: a_s})  # not settled yet: keep it for a later pass
             return "idle"
         w1 = min(horizon_s, a_s + chunk_s)
-        max_tick_s = float(conn.execute(select(jobs.c.max_tick_s).where(jobs.c.id == job_id)).scalar_one())
         starts = {
             kind: bucket_floor_s(_in_flight_from_s(conn, job_id, kind, r.max_span_s, a_s), BUCKET_S)
             for kind, r in stats.items()
@@ -158,12 +160,14 @@ def _compute_window(
         w0_all = min(starts.values())
         t = job_ticks.c
         ticks = [
-            (r.t_start_s, r.t_end_s, r.energy_j)
-            for r in conn.execute(
-                select(t.t_start_s, t.t_end_s, t.energy_j).where(
+            tick
+            for (packed,) in conn.execute(
+                select(t.ticks).where(
                     t.job_id == job_id, t.t_start_s >= w0_all - max_tick_s, t.t_start_s < w1, t.t_end_s >= w0_all
                 )
             )
+            for tick in unpack_ticks(packed)
+            if tick[1] >= w0_all and tick[0] < w1
         ]
         for kind, row in sorted(stats.items()):
             out.settled += _settle_kind(conn, job_id, row, ticks, starts[kind], w1, now_s)
@@ -183,6 +187,23 @@ def _kind_filter(table: Table, job_id: str, kind: str) -> list[Any]:
     if table is queries_table:
         where.append(table.c.kind == kind)
     return where
+
+
+def _max_tick_s(conn: Connection, job_id: str, marked_s: float, *, from_start: bool) -> float:
+    """The job's longest ``job_ticks`` row, kept on its jobs row from what the marks carried.
+
+    Marks of jobs without spans are dropped unread, so when a job gets its first spans of a kind
+    (``from_start``) the longest row is measured once over everything stored.
+    """
+    stored_s = float(conn.execute(select(jobs.c.max_tick_s).where(jobs.c.id == job_id)).scalar_one())
+    longest_s = max(stored_s, marked_s)
+    if from_start:
+        t = job_ticks.c
+        measured = conn.execute(select(func.max(t.t_end_s - t.t_start_s)).where(t.job_id == job_id)).scalar()
+        longest_s = max(longest_s, float(measured or 0.0))
+    if longest_s > stored_s:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(max_tick_s=longest_s))
+    return longest_s
 
 
 def _first_data_s(conn: Connection, job_id: str, stats: Mapping[str, Row[Any]]) -> float | None:

@@ -4,13 +4,14 @@ Spans and the ticks they share arrive in different batches, from different hosts
 ingest computes nothing here: it appends the rows and one ``span_dirty`` mark per job saying "data
 from ``t_s`` on changed", and ``storage.span_energy`` (run periodically by the collector) shares the
 energy out later. Marks are appended, never updated, so the many hosts of one job never queue
-behind each other on a shared row; only the rare growth of a job's longest tick or span updates one.
+behind each other on a shared row; only the rare growth of a job's longest span updates one.
 
 Everything here runs inside the caller's write transaction.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from sqlalchemy import Connection, bindparam, update
 
 from wattwatch import wire
 from wattwatch.storage.dialect import append_rows, upsert
-from wattwatch.storage.tables import job_query_totals, job_ticks, jobs, query_counts, span_dirty, span_stats
+from wattwatch.storage.tables import job_query_totals, job_ticks, query_counts, span_dirty, span_stats
 from wattwatch.storage.tables import queries as queries_table
 
 # The kind under which count windows are computed (next to the span kinds query, step, epoch).
@@ -28,28 +29,45 @@ FROM_START_S = 0.0
 
 _QUERY_COLUMNS = ("job_id", "host_id", "t_start_s", "t_end_s", "tokens_in", "tokens_out", "kind")
 _COUNT_COLUMNS = ("job_id", "host_id", "t_start_s", "t_end_s", "queries", "tokens_in", "tokens_out")
-_TICK_COLUMNS = ("job_id", "host_id", "t_start_s", "t_end_s", "energy_j")
+_TICK_COLUMNS = ("job_id", "host_id", "t_start_s", "t_end_s", "ticks")
+# A job_ticks row holds ticks starting within this many seconds of its first.
+PACKED_SPAN_S = 60.0
 
 
 def record_ticks(conn: Connection, host_id: int, ticks_j: Mapping[tuple[str, float, float], float]) -> None:
-    """Append each job's energy per tick on this host and mark those jobs for recomputation."""
-    rows = [(job_id, host_id, t0, t1, e) for (job_id, t0, t1), e in sorted(ticks_j.items()) if e > 0.0]
-    if not rows:
-        return
-    append_rows(conn, job_ticks, _TICK_COLUMNS, rows)
+    """Append each job's energy per tick on this host (packed) and mark those jobs for recomputation."""
+    per_job: dict[str, list[tuple[float, float, float]]] = {}
+    for (job_id, t0, t1), energy_j in ticks_j.items():
+        if energy_j > 0.0:
+            per_job.setdefault(job_id, []).append((t0, t1, energy_j))
+    rows: list[tuple[str, int, float, float, bytes]] = []
     first_s: dict[str, float] = {}
     longest_s: dict[str, float] = {}
-    for job_id, _, t0, t1, _ in rows:
-        first_s[job_id] = min(first_s.get(job_id, t0), t0)
-        longest_s[job_id] = max(longest_s.get(job_id, 0.0), t1 - t0)
-    # Only raises the value, and locks the jobs row only when it does: ticks have the same length almost always.
-    conn.execute(
-        update(jobs)
-        .where(jobs.c.id == bindparam("b_job"), jobs.c.max_tick_s < bindparam("b_len"))
-        .values(max_tick_s=bindparam("b_len")),
-        [{"b_job": j, "b_len": s} for j, s in sorted(longest_s.items())],
-    )
-    mark_dirty(conn, first_s)
+    for job_id, ticks in sorted(per_job.items()):
+        ticks.sort()
+        first_s[job_id] = ticks[0][0]
+        start = 0
+        for i in range(1, len(ticks) + 1):
+            # Bounded rows keep a window's look-back short: it reads rows starting up to the longest row before it.
+            if i == len(ticks) or ticks[i][0] - ticks[start][0] >= PACKED_SPAN_S:
+                chunk = ticks[start:i]
+                row = (job_id, host_id, chunk[0][0], max(t1 for _, t1, _ in chunk), pack_ticks(chunk))
+                rows.append(row)
+                longest_s[job_id] = max(longest_s.get(job_id, 0.0), row[3] - row[2])
+                start = i
+    append_rows(conn, job_ticks, _TICK_COLUMNS, rows)
+    mark_dirty(conn, first_s, longest_s)
+
+
+def pack_ticks(ticks: Sequence[tuple[float, float, float]]) -> bytes:
+    """``(t_start_s, t_end_s, energy_j)`` triples as little-endian float64s (a ``job_ticks.ticks`` value)."""
+    return struct.pack(f"<{3 * len(ticks)}d", *(x for tick in ticks for x in tick))
+
+
+def unpack_ticks(data: bytes) -> list[tuple[float, float, float]]:
+    """The triples ``pack_ticks`` packed."""
+    values = struct.unpack(f"<{len(data) // 8}d", data)
+    return list(zip(values[0::3], values[1::3], values[2::3], strict=True))
 
 
 def record_spans(
@@ -103,9 +121,18 @@ def record_spans(
     mark_dirty(conn, first_s)
 
 
-def mark_dirty(conn: Connection, first_s: Mapping[str, float]) -> None:
-    """Queue jobs for recomputation from ``first_s[job]`` on (append-only; see the module docstring)."""
-    append_rows(conn, span_dirty, ("job_id", "t_s"), sorted(first_s.items()))
+def mark_dirty(conn: Connection, first_s: Mapping[str, float], max_tick_s: Mapping[str, float] | None = None) -> None:
+    """Queue jobs for recomputation from ``first_s[job]`` on (append-only; see the module docstring).
+
+    ``max_tick_s[job]`` is the longest ``job_ticks`` row just written for it, for the pass to keep.
+    """
+    longest = max_tick_s or {}
+    append_rows(
+        conn,
+        span_dirty,
+        ("job_id", "t_s", "max_tick_s"),
+        [(job_id, t_s, longest.get(job_id, 0.0)) for job_id, t_s in sorted(first_s.items())],
+    )
 
 
 _TOTAL_COLUMNS = (

@@ -21,6 +21,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -74,7 +75,8 @@ jobs = Table(
     # True while only intervals or queries have named the job; the first real job record replaces
     # name, kind and labels and clears it.
     Column("placeholder", Boolean, nullable=False, default=False),
-    # Longest tick of the job (s): how far back a window must look for ticks that reach into it.
+    # Longest job_ticks row of the job (s): how far back a window must look for ticks reaching into it.
+    # Kept by the span-energy pass (from span_dirty marks), so ingest never updates the jobs row for it.
     Column("max_tick_s", Float, nullable=False, default=0.0, server_default="0"),
     Index(None, "started_at_s"),
     Index(None, "ended_at_s"),
@@ -171,27 +173,31 @@ job_query_totals = Table(
     Column("counted_tokens_out", BigInteger, nullable=False, default=0, server_default="0"),
 )
 
-# A job's energy per tick per host (summed over the host's devices): what spans share.
+# A job's energy per tick on one host (summed over the host's devices): what spans share. Packed,
+# one row per job, host and batch (split so a row covers at most PACKED_SPAN_S of tick starts), since
+# one row per tick would add as many rows as the raw intervals themselves on every batch.
 job_ticks = Table(
     "job_ticks",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
     Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
     Column("host_id", Integer, ForeignKey("hosts.id", ondelete="SET NULL"), nullable=True),
-    Column("t_start_s", Float, nullable=False),
-    Column("t_end_s", Float, nullable=False),
-    Column("energy_j", Float, nullable=False),
+    Column("t_start_s", Float, nullable=False),  # earliest tick start in the row
+    Column("t_end_s", Float, nullable=False),  # latest tick end in the row
+    Column("ticks", LargeBinary, nullable=False),  # little-endian float64 (t_start_s, t_end_s, energy_j) triples
     Index(None, "job_id", "t_start_s"),
 )
 
 # "Job J has new ticks, spans or counts from t_s on": appended by ingest (no shared row to lock),
 # consumed by the span-energy pass, which deletes what it read in the transaction that computes it.
+# max_tick_s carries the longest job_ticks row of the batch to the pass (which keeps jobs.max_tick_s).
 span_dirty = Table(
     "span_dirty",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
     Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
     Column("t_s", Float, nullable=False),
+    Column("max_tick_s", Float, nullable=False, default=0.0, server_default="0"),
     Index(None, "job_id"),
 )
 

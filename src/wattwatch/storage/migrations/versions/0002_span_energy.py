@@ -57,7 +57,7 @@ def upgrade() -> None:
         sa.Column("host_id", sa.Integer(), nullable=True),
         sa.Column("t_start_s", sa.Float(), nullable=False),
         sa.Column("t_end_s", sa.Float(), nullable=False),
-        sa.Column("energy_j", sa.Float(), nullable=False),
+        sa.Column("ticks", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_job_ticks"),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name="fk_job_ticks_job_id_jobs", ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["host_id"], ["hosts.id"], name="fk_job_ticks_host_id_hosts", ondelete="SET NULL"),
@@ -68,6 +68,7 @@ def upgrade() -> None:
         sa.Column("id", BigId, autoincrement=True, nullable=False),
         sa.Column("job_id", sa.String(200), nullable=False),
         sa.Column("t_s", sa.Float(), nullable=False),
+        sa.Column("max_tick_s", sa.Float(), nullable=False, server_default="0"),
         sa.PrimaryKeyConstraint("id", name="pk_span_dirty"),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name="fk_span_dirty_job_id_jobs", ondelete="CASCADE"),
     )

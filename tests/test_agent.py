@@ -67,7 +67,7 @@ class FakeClock:
         return self.t_s
 
 
-def no_jobs(device: DeviceInfo, interval_s: float) -> tuple[dict[str, float], float]:
+def no_jobs(device: DeviceInfo, t_start_s: float, t_end_s: float) -> tuple[dict[str, float], float]:
     return {}, 0.0
 
 
@@ -76,7 +76,7 @@ def test_sampler_intervals_are_contiguous_and_carry_shares() -> None:
     sampler = Sampler([LinearSensor({"gpu0": 100.0, "gpu1": 50.0}, clock)])
     assert sampler.sample(no_jobs) == []  # the first reading is the baseline
     clock.t_s += 1.0
-    first = sampler.sample(lambda d, s: ({"job-a": 1.0}, 0.0) if d.key == "gpu0" else ({}, 0.0))
+    first = sampler.sample(lambda d, t0, t1: ({"job-a": 1.0}, 0.0) if d.key == "gpu0" else ({}, 0.0))
     clock.t_s += 0.5
     second = sampler.sample(no_jobs, at_s=clock.t_s - 0.25)  # a boundary just past
     by_dev = {iv.device: iv for iv in first}
@@ -250,3 +250,39 @@ def test_sdk_is_a_noop_with_one_warning_when_no_agent(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 1.0
     assert ran.is_set()
     assert len([w for w in caught if "no agent reachable" in str(w.message)]) == 1
+
+
+def test_queries_op_keeps_good_spans_and_names_the_bad_ones(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path)
+    now = time.time()
+    reply = agent.handle(
+        {
+            "op": "queries",
+            "spans": [
+                {"job": "chat", "t_start_s": now - 1, "t_end_s": now, "tokens_in": 5, "tokens_out": 7},
+                {"job": "chat", "t_start_s": now, "t_end_s": now - 1},
+                {"job": "ft", "t_start_s": now - 2, "t_end_s": now, "kind": "step"},
+                {"job": "ft", "t_start_s": now - 2, "t_end_s": now, "kind": "batch"},
+                "not a span",
+            ],
+        }
+    )
+    assert (reply["ok"], reply["accepted"], reply["rejected"]) == (False, 2, 3)
+    assert "spans[1]" in reply["error"] and "spans[3]" in reply["error"] and "spans[4]" in reply["error"]
+    batches = drain(agent)
+    agent.spool.close()
+    assert [(q.job, q.kind, q.tokens_in, q.tokens_out) for b in batches for q in b.queries] == [
+        ("chat", "query", 5, 7),
+        ("ft", "step", 0, 0),
+    ]
+
+
+def test_cpu_meter_reads_job_trees_from_proc(tmp_path: Path) -> None:
+    from wattwatch.agent.procfs import ProcFs
+
+    fixtures = Path(__file__).parent / "fixtures" / "proc"
+    meter = CpuTimeMeter(cpu_count=8, procfs=ProcFs(fixtures, clock_ticks_per_s=100))
+    job = ActiveJob("slurm", "slurm", "training", 0, pids={4200})
+    assert meter.shares([job], 1.0) == ({}, 8.0)
+    # torchrun (4200) and its rank (4242): own time plus reaped children's, from the fixture stat files.
+    assert meter._job_cpu_s(job) == pytest.approx((500 + 100) / 100 + (9000 + 1200 + 300 + 40) / 100)

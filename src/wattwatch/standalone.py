@@ -64,13 +64,19 @@ class AgentParts:
     skipped: list[Any] = field(default_factory=list)
 
 
-def build_agent(settings: Settings, simulate: int = 0, seed: int = 0) -> AgentParts:
-    """Discover sensors (or simulate ``simulate`` GPUs through the fake NVML module) and build an Agent."""
+def build_agent(settings: Settings, simulate: int = 0, seed: int = 0, options: Any = None) -> AgentParts:
+    """Discover sensors (or simulate ``simulate`` GPUs through the fake NVML module) and build an Agent.
+
+    ``options`` (``agent.options.AgentOptions``: job discovery, kubelet, scrape targets) default to the
+    ``WATTWATCH_*`` environment variables that module lists.
+    """
+    from wattwatch.agent.options import AgentOptions
     from wattwatch.agent.runner import Agent
     from wattwatch.sensors.discovery import discover
     from wattwatch.sensors.nvml import resolve_visible
     from wattwatch.sensors.simulated import SimulatedFleet
 
+    options = options if options is not None else AgentOptions.from_env()
     fleet = None
     if simulate:
         if simulate < 0 or simulate > 64:
@@ -84,6 +90,7 @@ def build_agent(settings: Settings, simulate: int = 0, seed: int = 0) -> AgentPa
         gpu_processes=found.nvml,
         resolve_visible=resolve_visible,
         workload_hook=SimulatedWorkload(fleet) if fleet is not None else None,
+        options=options,
     )
     return AgentParts(agent=agent, fleet=fleet, skipped=list(found.skipped))
 
@@ -219,6 +226,13 @@ def run_agent(settings: Settings, *, simulate: int = 0, announce: Callable[[str]
     )
     for s in parts.skipped:
         announce(f"wattwatch agent: skipped {s.name}: {s.reason}")
+    options = parts.agent.options
+    if parts.agent.tracker is not None:
+        what = "discovering untagged GPU processes" if options.discover else "binding jobs by process only"
+        kubelet = f"; pods from {options.kubelet_url}" if options.kubelet_url else ""
+        announce(f"wattwatch agent: {what} (/proc at {options.proc_root}{kubelet})")
+    for target in options.scrape:
+        announce(f"wattwatch agent: scraping {target.preset} counters from {target.url}")
     try:
         stop.event.wait()
     finally:

@@ -4,12 +4,16 @@ Requests (``op`` names the operation; ``noreply: true`` makes it fire-and-forget
 
     {"op": "ping"}
     {"op": "job_start", "id": "...", "name": "...", "kind": "training", "labels": {}, "pid": 123,
-     "cuda_visible_devices": "0,1" | null}
+     "cuda_visible_devices": "0,1" | null, "via": "sdk" | "run"}
     {"op": "job_end", "id": "..."}
     {"op": "query", "job": "...", "t_start_s": 1.0, "t_end_s": 2.0, "tokens_in": 5, "tokens_out": 9,
-     "noreply": true}
+     "kind": "query" | "step" | "epoch", "noreply": true}
+    {"op": "queries", "spans": [{"job": "...", "t_start_s": 1.0, "t_end_s": 2.0, ...}, ...],
+     "noreply": true}                      (up to 10,000 spans; what the SDK's span buffer sends)
+    {"op": "jobs"}                         (the active jobs and why: ``discovered_by``)
 
-Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "what to fix"}``.
+Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "what to fix"}``; ``queries`` keeps the
+good spans of a message and answers ``accepted`` / ``rejected`` counts.
 """
 
 from __future__ import annotations

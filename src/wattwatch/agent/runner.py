@@ -1,16 +1,17 @@
 """Wires the agent: sensors -> sampler -> batches -> spool -> push, driven by APScheduler ticks and by
-job boundaries from the local API.
+job boundaries from the local API; on every tick the process tracker (``agent.tracker``) follows the
+GPUs' processes, and the scraper (``agent.scrape``) reads serving engines' counters on its own schedule.
 
-Threads: APScheduler runs the tick (enqueue) and the push; one worker thread owns the sampler and the
-job registry, so every reading is taken in event order and every interval is closed with the job set
-that really held the device; the local API answers clients at once and never waits for a reading.
+Threads: APScheduler runs the tick (enqueue), the push and the scrape; one worker thread owns the
+sampler, the tracker and the job registry's changes, so every reading is taken in event order and every
+interval is closed with the job set that really held the device; the local API answers clients at once
+and never waits for a reading.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import re
 import socket
 import threading
 import time
@@ -22,27 +23,25 @@ from typing import Any, Protocol
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from wattwatch import wire
-from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry, gpu_shares, process_tree
+from wattwatch.agent.discover import ProcessClassifier
+from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
+from wattwatch.agent.kubelet import KubeletPods, PodLookup
 from wattwatch.agent.local_api import LocalApi
+from wattwatch.agent.options import AgentOptions
+from wattwatch.agent.outbox import Outbox
+from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.push import Pusher
+from wattwatch.agent.requests import ResolveVisible, parse_job_start, parse_span, parse_spans
 from wattwatch.agent.sampler import Sampler
+from wattwatch.agent.scrape import Scraper
+from wattwatch.agent.sharing import ShareSettler
 from wattwatch.agent.spool import Spool
+from wattwatch.agent.tracker import GpuProcesses, ProcessTracker, discovered_by
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.base import DeviceInfo, Sensor
-from wattwatch.units import JOB_KINDS, JobKind
 
 log = logging.getLogger(__name__)
-
-_JOB_ID = re.compile(r"^[A-Za-z0-9_.:@/-]{1,200}$")
-
-
-class GpuProcesses(Protocol):
-    """What the agent needs from the NVML sensor to bind jobs by process."""
-
-    def running_pids(self, key: str) -> set[int]:
-        """Pids NVML lists on GPU ``key``."""
-        ...
 
 
 class WorkloadHook(Protocol):
@@ -67,7 +66,13 @@ class _Event:
 
 
 class Agent:
-    """One host's agent. ``start()`` it, then ``stop()`` it (flushes everything it measured)."""
+    """One host's agent. ``start()`` it, then ``stop()`` it (flushes everything it measured).
+
+    ``gpu_processes`` (the NVML sensor) enables following GPU processes: binding explicit jobs by
+    process, discovering untagged ones (``options.discover``) and splitting a shared GPU by SM
+    utilisation when it offers ``process_utilization``. ``procfs`` and ``pods`` default to what
+    ``options`` names (``/proc``, the kubelet URL).
+    """
 
     def __init__(
         self,
@@ -75,12 +80,16 @@ class Agent:
         sensors: Sequence[Sensor],
         *,
         gpu_processes: GpuProcesses | None = None,
-        resolve_visible: Callable[[str, Sequence[DeviceInfo]], list[str]] | None = None,
+        resolve_visible: ResolveVisible | None = None,
         workload_hook: WorkloadHook | None = None,
         clock: Callable[[], float] = time.time,
         serve_socket: bool = True,
+        options: AgentOptions | None = None,
+        procfs: ProcFs | None = None,
+        pods: PodLookup | None = None,
     ) -> None:
         self.settings = settings
+        self.options = options or AgentOptions()
         self.host = settings.host or socket.gethostname()
         self.sampler = Sampler(sensors)
         self.registry = JobRegistry()
@@ -91,17 +100,46 @@ class Agent:
             self.spool.set_meta("agent_id", agent_id)
         self.agent_id = agent_id
         self.pusher = Pusher(self.spool, settings.collector_url, token=settings.token)
-        self._gpu_processes = gpu_processes
+        self.procfs = procfs or ProcFs(self.options.proc_root)
+        self._owned_pods: KubeletPods | None = None
+        if pods is None and self.options.kubelet_url and gpu_processes is not None:
+            self._owned_pods = pods = KubeletPods(
+                self.options.kubelet_url,
+                token_file=self.options.kubelet_token_file,
+                verify=self.options.kubelet_verify,
+            )
+        self.tracker: ProcessTracker | None = None
+        if gpu_processes is not None:
+            classifier = ProcessClassifier(self.procfs, self.host, pods) if self.options.discover else None
+            self.tracker = ProcessTracker(
+                self.registry,
+                self.procfs,
+                classifier,
+                gpu_processes,
+                [d.key for d in self.sampler.devices.values() if d.kind == "gpu"],
+                utilization=getattr(gpu_processes, "process_utilization", None),
+            )
+        self.scraper: Scraper | None = None
+        if self.options.scrape:
+            tracker = self.tracker
+            self.scraper = Scraper(
+                self.options.scrape,
+                lambda counts: self.outbox.add(counts=counts),
+                job_of_pid=tracker.job_of_pid if tracker is not None else lambda pid: None,
+                candidate_pids=tracker.gpu_pids if tracker is not None else set,
+                proc_root=self.options.proc_root,
+            )
         self._resolve_visible = resolve_visible
         self._hook = workload_hook
         self._clock = clock
-        self._cpu = CpuTimeMeter()
+        self._cpu = CpuTimeMeter(procfs=self.procfs)
         self._events: queue.Queue[_Event] = queue.Queue()
         self._enqueue_lock = threading.Lock()
-        self._pending_lock = threading.Lock()
-        self._pending_intervals: list[wire.Interval] = []
-        self._pending_jobs: list[wire.Job] = []
-        self._pending_queries: list[wire.Query] = []
+        self.outbox = Outbox(self.spool, agent_id, self.host, self.sampler.wire_devices, clock)
+        self._settler: ShareSettler | None = None
+        if self.tracker is not None and self.tracker.weighs_by_utilization:
+            self._settler = ShareSettler(self.tracker.weigh, lambda ivs: self.outbox.add(intervals=ivs))
+        self._to_weigh: dict[str, tuple[str, ...]] = {}  # GPUs closed this sample with several holders
         self._worker = threading.Thread(target=self._work, name="wattwatch-sampler", daemon=True)
         self._scheduler = BackgroundScheduler(daemon=True)
         self._api = LocalApi(settings.socket_path, self.handle) if serve_socket else None
@@ -113,22 +151,12 @@ class Agent:
         """Take the first reading, start the worker, the schedule and the local API."""
         self.sampler.sample(self._shares)  # baseline: intervals start here
         self._worker.start()
-        self._scheduler.add_job(
-            self._enqueue_tick,
-            "interval",
-            seconds=self.settings.interval_s,
-            id="tick",
-            max_instances=1,
-            coalesce=True,
-        )
-        self._scheduler.add_job(
-            self.flush,
-            "interval",
-            seconds=self.settings.push_interval_s,
-            id="push",
-            max_instances=1,
-            coalesce=True,
-        )
+        every = {"trigger": "interval", "max_instances": 1, "coalesce": True}
+        self._scheduler.add_job(self._enqueue_tick, seconds=self.settings.interval_s, id="tick", **every)
+        self._scheduler.add_job(self.flush, seconds=self.settings.push_interval_s, id="push", **every)
+        if self.scraper is not None:
+            # Off the worker thread: a slow metrics endpoint must never delay a reading.
+            self._scheduler.add_job(self.scraper.scrape_once, seconds=self.settings.interval_s, id="scrape", **every)
         self._scheduler.start()
         if self._api is not None:
             self._api.start()
@@ -141,7 +169,8 @@ class Agent:
         )
 
     def stop(self, flush_timeout_s: float = 10.0) -> None:
-        """Close the last intervals, spool them and push what the collector will take; idempotent."""
+        """Close the last intervals, end discovered jobs, spool them and push what the collector will take;
+        idempotent."""
         if self._stopped:
             return
         self._stopped = True
@@ -162,6 +191,10 @@ class Agent:
                 "%d batches not yet accepted by the collector stay in %s for the next start", left, self.spool.path
             )
         self.pusher.close()
+        if self.scraper is not None:
+            self.scraper.close()
+        if self._owned_pods is not None:
+            self._owned_pods.close()
         for sensor in self.sampler.sensors:
             sensor.close()
         self.spool.close()
@@ -178,44 +211,25 @@ class Agent:
         if op == "job_end":
             return self.job_end(str(msg.get("id", "")))
         if op == "query":
-            self.add_query(msg)
+            self.add_spans([parse_span(msg)])
             return {"ok": True}
-        return {"ok": False, "error": f"unknown op {op!r}; expected ping, job_start, job_end or query"}
+        if op == "queries":
+            spans, errors = parse_spans(msg)
+            self.add_spans(spans)
+            reply: dict[str, Any] = {"ok": not errors, "accepted": len(spans), "rejected": len(errors)}
+            if errors:
+                reply["error"] = "; ".join(errors[:5]) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
+            return reply
+        if op == "jobs":
+            return {"ok": True, "jobs": self.jobs()}
+        return {"ok": False, "error": f"unknown op {op!r}; expected ping, job_start, job_end, query, queries or jobs"}
 
     def job_start(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Register a job; the boundary reading is taken asynchronously at the returned ``t_s``."""
-        job_id = str(msg.get("id") or uuid.uuid4().hex)
-        if not _JOB_ID.match(job_id):
-            raise ConfigError(f"job id {job_id!r} may only contain letters, digits and _.:@/- (max 200)")
-        name = str(msg.get("name") or job_id)[:200]
-        kind = msg.get("kind") or "other"
-        if kind not in JOB_KINDS:
-            raise ConfigError(f"job kind {kind!r} is not one of {', '.join(JOB_KINDS)}")
-        labels = msg.get("labels") or {}
-        if not isinstance(labels, dict):
-            raise ConfigError("labels must be an object of strings")
-        pid = msg.get("pid")
-        cvd = msg.get("cuda_visible_devices")
-        warning = ""
-        devices: list[str] = []
         gpus = [d for d in self.sampler.devices.values() if d.kind == "gpu"]
-        if cvd is not None and gpus and self._resolve_visible is not None:
-            try:
-                devices = self._resolve_visible(str(cvd), gpus) if str(cvd).strip() else []
-            except ConfigError as exc:
-                warning = f"{exc}; the job is measured without GPUs"
-        job = ActiveJob(
-            id=job_id,
-            name=name,
-            kind=_as_kind(kind),
-            started_at_s=0.0,
-            labels={str(k): str(v) for k, v in labels.items()},
-            devices=frozenset(devices),
-            pids={int(pid)} if isinstance(pid, int) else set(),
-            bind_by_process=cvd is None,
-        )
+        job, devices, warning = parse_job_start(msg, gpus, self._resolve_visible)
         t_s = self._put(_Event("start", 0.0, job=job), hook=lambda t: self._hook_start(job, t))
-        reply: dict[str, Any] = {"ok": True, "id": job_id, "t_s": t_s, "host": self.host, "devices": devices}
+        reply: dict[str, Any] = {"ok": True, "id": job.id, "t_s": t_s, "host": self.host, "devices": devices}
         if warning:
             reply["warning"] = warning
         return reply
@@ -228,20 +242,24 @@ class Agent:
         t_s = self._put(_Event("end", 0.0, job_id=job_id), hook=(lambda t: hook.job_ended(job_id, t)) if hook else None)
         return {"ok": True, "id": job_id, "t_s": t_s}
 
-    def add_query(self, msg: dict[str, Any]) -> None:
-        """Record one inference request span for its job."""
-        job_id = str(msg.get("job") or "")
-        if not _JOB_ID.match(job_id):
-            raise ConfigError(f"query needs a valid job id, got {job_id!r}")
-        query = wire.Query(
-            job=job_id,
-            t_start_s=float(msg["t_start_s"]),
-            t_end_s=float(msg["t_end_s"]),
-            tokens_in=int(msg.get("tokens_in") or 0),
-            tokens_out=int(msg.get("tokens_out") or 0),
-        )
-        with self._pending_lock:
-            self._pending_queries.append(query)
+    def add_spans(self, spans: Sequence[wire.Query]) -> None:
+        """Queue request, step or epoch spans for the next batch."""
+        self.outbox.add(queries=spans)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """The active jobs, their devices and why the agent attributes them (the ``jobs`` op)."""
+        return [
+            {
+                "id": j.id,
+                "name": j.name,
+                "kind": j.kind,
+                "started_at_s": j.started_at_s,
+                "devices": sorted(j.held_devices),
+                "pids": sorted(j.all_pids),
+                "discovered_by": discovered_by(j),
+            }
+            for j in self.registry.snapshot()
+        ]
 
     # -- worker --------------------------------------------------------------------------------------
 
@@ -263,6 +281,13 @@ class Agent:
     def _enqueue_tick(self) -> None:
         self._put(_Event("tick", 0.0))
 
+    def tick(self, wait_s: float = 10.0) -> bool:
+        """Do now what the schedule does every interval (read, follow the GPUs' processes) and wait at
+        most ``wait_s`` for it; True when it was done."""
+        done = threading.Event()
+        self._put(_Event("tick", 0.0, done=done))
+        return done.wait(wait_s)
+
     def _work(self) -> None:
         while True:
             event = self._events.get()
@@ -278,7 +303,16 @@ class Agent:
 
     def _process(self, event: _Event) -> None:
         boundary = event.kind in ("start", "end")
+        # The intervals closed here belong to the jobs that held the devices until now: sample first,
+        # then apply what this event changes.
+        self._to_weigh = {}
         intervals = self.sampler.sample(self._shares, at_s=event.t_s if boundary else None)
+        if self._to_weigh and self._settler is not None and self.tracker is not None:
+            owners = self.tracker.owners()
+            for iv in intervals:
+                if iv.device in self._to_weigh:
+                    self._settler.hold(iv, self._to_weigh[iv.device], owners)
+            intervals = [iv for iv in intervals if iv.device not in self._to_weigh]
         jobs: list[wire.Job] = []
         if event.kind == "start" and event.job is not None:
             active, _new = self.registry.start(event.job)
@@ -287,67 +321,33 @@ class Agent:
             ended = self.registry.end(event.job_id)
             if ended is not None:
                 jobs.append(ended.to_wire(ended_at_s=max(event.t_s, ended.started_at_s)))
-        elif event.kind == "tick":
-            jobs.extend(self._bind_by_process())
-        with self._pending_lock:
-            self._pending_intervals.extend(intervals)
-            self._pending_jobs.extend(jobs)
+        elif event.kind == "tick" and self.tracker is not None:
+            # Discovered jobs start and end at the tick that sees their processes come and go.
+            jobs.extend(self.tracker.tick(self.sampler.last_t_s or event.t_s))
+        elif event.kind == "stop" and self.tracker is not None:
+            jobs.extend(self.tracker.end_all(self.sampler.last_t_s or event.t_s))
+        self.outbox.add(intervals=intervals, jobs=jobs)
+        if event.kind == "stop" and self._settler is not None:
+            self._settler.close()
 
-    def _shares(self, device: DeviceInfo, interval_s: float) -> tuple[dict[str, float], float]:
+    def _shares(self, device: DeviceInfo, t_start_s: float, t_end_s: float) -> tuple[dict[str, float], float]:
         if device.kind == "gpu":
-            return gpu_shares(self.registry.holders(), device.key), 0.0
+            holders = self.registry.holders().get(device.key, [])
+            if len(holders) > 1 and self._settler is not None:
+                # Weighed a moment later, when NVML's utilisation samples cover the whole interval.
+                self._to_weigh[device.key] = tuple(holders)
+            return dict.fromkeys(holders, 1.0), 0.0
         if device.kind == "cpu":
-            return self._cpu.shares(self.registry.snapshot(), interval_s)
-        return {}, 0.0  # DRAM: split by memory use comes with per-process attribution
-
-    def _bind_by_process(self) -> list[wire.Job]:
-        """Bind jobs without CUDA_VISIBLE_DEVICES to the GPUs where NVML lists one of their processes."""
-        if self._gpu_processes is None:
-            return []
-        changed: list[wire.Job] = []
-        gpu_keys = [d.key for d in self.sampler.devices.values() if d.kind == "gpu"]
-        for job in self.registry.snapshot():
-            if not job.bind_by_process:
-                continue
-            tree = process_tree(job.pids)
-            found = [k for k in gpu_keys if self._gpu_processes.running_pids(k) & tree]
-            if found and self.registry.bind(job.id, found, "NVML lists its process"):
-                bound = self.registry.get(job.id)
-                if bound is not None:
-                    changed.append(bound.to_wire())
-        return changed
+            return self._cpu.shares(self.registry.snapshot(), t_end_s - t_start_s, at_s=t_end_s)
+        return {}, 0.0  # DRAM: split by memory use comes with per-process memory accounting
 
     # -- batches -------------------------------------------------------------------------------------
 
     def seal(self) -> int | None:
         """Move everything measured so far into one durable batch; returns its seq (None if empty)."""
-        with self._pending_lock:
-            if not (self._pending_intervals or self._pending_jobs or self._pending_queries):
-                return None
-            intervals, jobs, queries = self._pending_intervals, self._pending_jobs, self._pending_queries
-            self._pending_intervals, self._pending_jobs, self._pending_queries = [], [], []
-        seq = self.spool.next_seq()
-        batch = wire.Batch(
-            agent_id=self.agent_id,
-            seq=seq,
-            host=self.host,
-            sent_at_s=self._clock(),
-            devices=self.sampler.wire_devices(),
-            intervals=intervals,
-            jobs=jobs,
-            queries=queries,
-        )
-        self.spool.put(seq, wire.encode(batch), created_s=batch.sent_at_s)
-        return seq
+        return self.outbox.seal()
 
     def flush(self) -> None:
         """Seal pending measurements and push the spool (the periodic push job)."""
         self.seal()
         self.pusher.push_pending()
-
-
-def _as_kind(kind: str) -> JobKind:
-    for k in JOB_KINDS:
-        if k == kind:
-            return k
-    return "other"

@@ -18,8 +18,8 @@ from wattwatch.sensors.base import DeviceInfo, EnergyReading, Sensor
 
 log = logging.getLogger(__name__)
 
-# (device) -> (shares, idle_weight) for the interval that is being closed.
-SharesFn = Callable[[DeviceInfo, float], tuple[dict[str, float], float]]
+# (device, t_start_s, t_end_s) -> (shares, idle_weight) for the interval that is being closed.
+SharesFn = Callable[[DeviceInfo, float, float], tuple[dict[str, float], float]]
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Sampler:
             device = self._devices.get(reading.device)
             if device is None:
                 continue
-            job_shares, idle_weight = shares(device, t_s - last.t_s)
+            job_shares, idle_weight = shares(device, last.t_s, t_s)
             intervals.append(
                 wire.Interval(
                     device=reading.device,

@@ -1,0 +1,80 @@
+"""Agent settings for job discovery and scraping, from ``WATTWATCH_*`` environment variables.
+
+They live here, beside the code that uses them, until ``config.Settings`` and the command line carry
+them; ``AgentOptions.from_env()`` is what ``wattwatch agent`` and ``wattwatch up`` read today.
+
+    WATTWATCH_DISCOVER=0                 do not attribute untagged GPU processes (default: on)
+    WATTWATCH_PROC_ROOT=/host/proc       where the host's /proc is (default /proc)
+    WATTWATCH_KUBELET_URL=https://$(NODE_IP):10250/pods   names, labels, annotations of pods
+    WATTWATCH_KUBELET_TOKEN_FILE=...     bearer token (default: the pod's service account token, if any)
+    WATTWATCH_KUBELET_CA_FILE=...        CA bundle for the kubelet's certificate
+    WATTWATCH_KUBELET_INSECURE=1         skip verifying it (kubelets often serve self-signed certificates)
+    WATTWATCH_SCRAPE="vllm:http://127.0.0.1:8000/metrics#job=chat triton:http://127.0.0.1:8002/metrics"
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from wattwatch.agent.kubelet import SERVICE_ACCOUNT_TOKEN
+from wattwatch.agent.scrape import ScrapeTarget, parse_targets
+from wattwatch.errors import ConfigError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """What the agent discovers and scrapes, beyond ``config.Settings``."""
+
+    discover: bool = True
+    proc_root: Path = Path("/proc")
+    kubelet_url: str = ""
+    kubelet_token_file: Path | None = None
+    kubelet_verify: bool | str = True
+    scrape: tuple[ScrapeTarget, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentOptions:
+        """Read the ``WATTWATCH_*`` variables above; raises ConfigError naming the bad one."""
+        env = os.environ if env is None else env
+        kubelet_url = env.get("WATTWATCH_KUBELET_URL", "").strip()
+        if kubelet_url and not kubelet_url.startswith(("http://", "https://")):
+            raise ConfigError(f"WATTWATCH_KUBELET_URL {kubelet_url!r} is not a URL; e.g. https://$(NODE_IP):10250/pods")
+        token_file: Path | None = None
+        if env.get("WATTWATCH_KUBELET_TOKEN_FILE"):
+            token_file = Path(env["WATTWATCH_KUBELET_TOKEN_FILE"])
+        elif kubelet_url.startswith("https://") and SERVICE_ACCOUNT_TOKEN.exists():
+            token_file = SERVICE_ACCOUNT_TOKEN
+        verify: bool | str = True
+        if env.get("WATTWATCH_KUBELET_CA_FILE"):
+            verify = env["WATTWATCH_KUBELET_CA_FILE"]
+        if _flag(env, "WATTWATCH_KUBELET_INSECURE", False):
+            verify = False
+        try:
+            scrape = parse_targets(env.get("WATTWATCH_SCRAPE", ""))
+        except ConfigError as exc:
+            raise ConfigError(f"WATTWATCH_SCRAPE: {exc}") from None
+        return cls(
+            discover=_flag(env, "WATTWATCH_DISCOVER", True),
+            proc_root=Path(env.get("WATTWATCH_PROC_ROOT") or "/proc"),
+            kubelet_url=kubelet_url,
+            kubelet_token_file=token_file,
+            kubelet_verify=verify,
+            scrape=scrape,
+        )
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    if name not in env:
+        return default
+    value = env[name].strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={env[name]!r} is not a yes/no value; use 1 or 0")

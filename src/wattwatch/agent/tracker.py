@@ -1,0 +1,265 @@
+"""Follows the processes NVML lists on the GPUs, tick by tick: binds them to explicit jobs, starts and
+ends discovered jobs, and weighs the jobs sharing a GPU by their processes' SM utilisation (when,
+``agent.sharing`` decides).
+
+Cheap on purpose (it runs on every tick): one NVML process list per GPU, one ``stat`` read per GPU
+process, and the rest (ancestry, environment, cgroups, kubelet) only the first time a process is seen,
+cached by (pid, start time) so a reused pid is never mistaken for the old process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from wattwatch import wire
+from wattwatch.agent.discover import Discovered, ProcessClassifier
+from wattwatch.agent.jobs import DISCOVERED_BY, ActiveJob, JobRegistry
+from wattwatch.agent.procfs import ProcFs
+from wattwatch.errors import SensorError
+
+log = logging.getLogger(__name__)
+
+
+class GpuProcesses(Protocol):
+    """What the agent needs from the NVML sensor to follow processes."""
+
+    def running_pids(self, key: str) -> set[int]:
+        """Pids NVML lists on GPU ``key``."""
+        ...
+
+
+UtilizationFn = Callable[[str, float], Mapping[int, float]]
+
+
+@dataclass
+class _Known:
+    """A GPU process as first seen: its ancestry and (lazily) its discovered job."""
+
+    start_ticks: int
+    lineage: list[int]
+    discovered: Discovered | None = None
+    classified: bool = False
+
+
+@dataclass
+class _Found:
+    info: Discovered
+    pids: set[int] = field(default_factory=set)
+    devices: set[str] = field(default_factory=set)
+
+
+class ProcessTracker:
+    """Per-tick view of GPU processes. Driven from the agent's worker thread; ``job_of_pid`` and
+    ``gpu_pids`` may be read from other threads (they read immutable snapshots)."""
+
+    def __init__(
+        self,
+        registry: JobRegistry,
+        procfs: ProcFs,
+        classifier: ProcessClassifier | None,
+        gpu_processes: GpuProcesses,
+        gpu_keys: Sequence[str],
+        utilization: UtilizationFn | None = None,
+    ) -> None:
+        self.registry = registry
+        self.procfs = procfs
+        self.classifier = classifier
+        self._gpu = gpu_processes
+        self._gpu_keys = list(gpu_keys)
+        self._utilization = utilization
+        self._known: dict[int, _Known] = {}
+        self._discovered: set[str] = set()  # ids this tracker holds a registry reference for
+        self._owners: dict[int, str] = {}  # GPU pid -> job id, as of the last tick
+        self._lineages: dict[int, tuple[int, ...]] = {}
+        self._missing: dict[int, int] = {}  # pid NVML lists but /proc lacks -> ticks in a row
+        self._seen_missing: set[int] = set()
+        self._warned = False
+        self._lock = threading.Lock()
+
+    # -- per tick -------------------------------------------------------------------------------------
+
+    def tick(self, t_s: float) -> list[wire.Job]:
+        """Look at the GPUs' processes now; returns the job records that changed (started, rebound, ended)."""
+        explicit_roots = {pid: j.id for j in self.registry.snapshot() if j.explicit for pid in j.pids}
+        owners: dict[int, str] = {}
+        lineages: dict[int, tuple[int, ...]] = {}
+        self._seen_missing = set()
+        binds: dict[str, set[str]] = {}
+        found: dict[str, _Found] = {}
+        for key in self._gpu_keys:
+            try:
+                pids = self._gpu.running_pids(key)
+            except SensorError as exc:
+                log.debug("no process list for %s: %s", key, exc)
+                continue
+            for pid in pids:
+                known = self._lookup(pid)
+                if known is None:
+                    continue
+                lineages[pid] = tuple(known.lineage)
+                explicit = next((explicit_roots[p] for p in known.lineage if p in explicit_roots), None)
+                if explicit is not None:
+                    owners[pid] = explicit
+                    binds.setdefault(explicit, set()).add(key)
+                    continue
+                info = self._classify(pid, known)
+                if info is None:
+                    continue
+                owners[pid] = info.job_id
+                entry = found.setdefault(info.job_id, _Found(info))
+                entry.pids.add(info.root_pid)
+                entry.devices.add(key)
+        for gone in set(self._known) - set(lineages):
+            del self._known[gone]
+        self._missing = {pid: n for pid, n in self._missing.items() if pid in self._seen_missing}
+        with self._lock:
+            self._owners, self._lineages = owners, lineages
+        return self._bind(binds) + self._apply(found, t_s)
+
+    def end_all(self, t_s: float) -> list[wire.Job]:
+        """End every discovered job (the agent is stopping)."""
+        return self._apply({}, t_s)
+
+    def _lookup(self, pid: int) -> _Known | None:
+        st = self.procfs.stat(pid)
+        if st is None:
+            # A process that just exited is still in NVML's list for a tick; one that stays missing
+            # lives in a PID namespace the agent cannot see.
+            self._seen_missing.add(pid)
+            self._missing[pid] = self._missing.get(pid, 0) + 1
+            if self._missing[pid] >= 3 and not self._warned:
+                self._warned = True
+                log.warning(
+                    "NVML lists pid %d but %s/%d does not exist: the agent must see the host's processes "
+                    "(Kubernetes: hostPID: true; Docker: --pid=host; or set WATTWATCH_PROC_ROOT to the "
+                    "host's /proc) to attribute GPU processes",
+                    pid,
+                    self.procfs.root,
+                    pid,
+                )
+            return None
+        known = self._known.get(pid)
+        if known is None or known.start_ticks != st.start_ticks:
+            known = _Known(st.start_ticks, self.procfs.lineage(pid))
+            self._known[pid] = known
+        return known
+
+    def _classify(self, pid: int, known: _Known) -> Discovered | None:
+        if self.classifier is None:
+            return None
+        if not known.classified:
+            known.discovered = self.classifier.classify(pid, known.lineage)
+            known.classified = True
+            if known.discovered is not None:
+                d = known.discovered
+                log.info("pid %d is job %s (%s, %s)", pid, d.job_id, d.kind, d.reason)
+        return known.discovered
+
+    def _bind(self, binds: Mapping[str, Iterable[str]]) -> list[wire.Job]:
+        """Bind explicit jobs started without CUDA_VISIBLE_DEVICES to the GPUs NVML shows them on."""
+        out: list[wire.Job] = []
+        for job_id, keys in binds.items():
+            job = self.registry.get(job_id)
+            if job is None or not job.bind_by_process:
+                continue
+            if self.registry.bind(job_id, keys, "NVML lists its process"):
+                bound = self.registry.get(job_id)
+                if bound is not None:
+                    out.append(bound.to_wire())
+        return out
+
+    def _apply(self, found: Mapping[str, _Found], t_s: float) -> list[wire.Job]:
+        out: list[wire.Job] = []
+        for job_id, entry in found.items():
+            if job_id not in self._discovered:
+                info = entry.info
+                job = ActiveJob(
+                    id=job_id,
+                    name=info.name,
+                    kind=info.kind,
+                    started_at_s=t_s,
+                    labels=dict(info.labels),
+                    bind_by_process=True,  # neutral when an explicit start of the same id merges in
+                    explicit=False,
+                    proc_pids=frozenset(entry.pids),
+                    proc_devices=frozenset(entry.devices),
+                )
+                active, new = self.registry.start(job)
+                if not new:
+                    self.registry.set_discovered(job_id, entry.pids, entry.devices)
+                    active = self.registry.get(job_id) or active
+                self._discovered.add(job_id)
+                out.append(active.to_wire())
+            elif self.registry.set_discovered(job_id, entry.pids, entry.devices):
+                current = self.registry.get(job_id)
+                if current is not None:
+                    out.append(current.to_wire())
+        for job_id in sorted(self._discovered - set(found)):
+            self._discovered.discard(job_id)
+            self.registry.set_discovered(job_id, (), ())
+            ended = self.registry.end(job_id)
+            if ended is not None:
+                out.append(ended.to_wire(ended_at_s=max(t_s, ended.started_at_s)))
+                log.info("job %s ended: its processes left the GPUs", job_id)
+        return out
+
+    # -- sharing --------------------------------------------------------------------------------------
+
+    @property
+    def weighs_by_utilization(self) -> bool:
+        """Whether shared GPUs are split by per-process utilisation (else always equally)."""
+        return self._utilization is not None
+
+    def owners(self) -> Mapping[int, str]:
+        """GPU pid -> job id as of the last tick (an immutable snapshot: keep it to weigh later)."""
+        return self._owners
+
+    def weigh(
+        self, key: str, since_s: float, holders: Sequence[str], owners: Mapping[int, str] | None = None
+    ) -> dict[str, float]:
+        """Weights of the jobs holding GPU ``key``: the summed SM utilisation of each job's processes in
+        NVML's samples since ``since_s``; equal weights when NVML has none."""
+        if len(holders) <= 1 or self._utilization is None:
+            return dict.fromkeys(holders, 1.0)
+        try:
+            util = self._utilization(key, since_s)
+        except SensorError as exc:
+            log.debug("no process utilisation for %s: %s", key, exc)
+            util = {}
+        if not util:
+            return dict.fromkeys(holders, 1.0)
+        weights = dict.fromkeys(holders, 0.0)
+        owners = self._owners if owners is None else owners
+        for pid, sm_percent in util.items():
+            owner = owners.get(pid)
+            if owner in weights and sm_percent > 0:
+                weights[owner] += float(sm_percent)
+        # All zero (NVML saw only processes we could not place): the collector splits equally.
+        return weights
+
+    # -- lookups for other threads --------------------------------------------------------------------
+
+    def gpu_pids(self) -> set[int]:
+        """GPU processes and their ancestors as of the last tick (where serving processes are)."""
+        with self._lock:
+            return {p for lineage in self._lineages.values() for p in lineage}
+
+    def job_of_pid(self, pid: int) -> str | None:
+        """The job of a GPU process or of an ancestor of one (a server whose engine runs in a child)."""
+        with self._lock:
+            owners, lineages = self._owners, self._lineages
+        if pid in owners:
+            return owners[pid]
+        for gpu_pid, lineage in lineages.items():
+            if pid in lineage and gpu_pid in owners:
+                return owners[gpu_pid]
+        return None
+
+
+def discovered_by(job: ActiveJob) -> str:
+    """How a job became known (``sdk``, ``environ:WATTWATCH_JOB``, ``slurm:…``, ``kubernetes:…``, ``heuristic:…``)."""
+    return job.labels.get(DISCOVERED_BY, "sdk" if job.explicit else "")

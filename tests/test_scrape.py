@@ -1,0 +1,169 @@
+"""Zero-code counts: a real HTTP server on loopback exposes vLLM-shaped counters (made with
+prometheus_client, as vLLM makes them, under vLLM's metric names); the scraper turns their advance into
+QueryCount windows and finds the job by the process that listens on the port."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from wattwatch import wire
+from wattwatch.agent.procfs import ProcFs
+from wattwatch.agent.runner import Agent
+from wattwatch.agent.scrape import PRESETS, Scraper, parse_target, read_counters
+from wattwatch.agent.spool import Spool
+from wattwatch.config import Settings
+from wattwatch.errors import ConfigError
+from wattwatch.sensors.nvml import NvmlSensor
+from wattwatch.sensors.simulated import SimulatedFleet
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+class FakeVllm:
+    """vLLM's request and token counters in a fresh registry (a restart starts a new one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.success = Counter(
+            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=self.registry
+        )
+        self.prompt = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=self.registry)
+        self.generation = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=self.registry)
+
+    def serve(self, n: int, reason: str = "stop", prompt: int = 100, generated: int = 30) -> None:
+        self.success.labels(MODEL, reason).inc(n)
+        self.prompt.labels(MODEL).inc(n * prompt)
+        self.generation.labels(MODEL).inc(n * generated)
+
+
+@dataclass
+class Server:
+    url: str
+    port: int
+    engine: FakeVllm = field(default_factory=FakeVllm)
+    status: int = 200
+
+
+@pytest.fixture
+def vllm() -> Iterator[Server]:
+    state = Server(url="", port=0)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(state.engine.registry) if state.status == 200 else b"oops"
+            self.send_response(state.status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    state.port = server.server_address[1]
+    state.url = f"http://127.0.0.1:{state.port}/metrics"
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def test_target_specs() -> None:
+    t = parse_target("vllm:http://10.0.0.5:8000/metrics#job=chat")
+    assert (t.url, t.job, t.counters) == ("http://10.0.0.5:8000/metrics", "chat", PRESETS["vllm"])
+    c = parse_target("custom:http://h/metrics#queries=a_total|b_total&tokens_out=gen")
+    assert (c.counters.queries, c.counters.tokens_in, c.counters.tokens_out) == (("a_total", "b_total"), (), ("gen",))
+    for bad, why in [
+        ("http://h/metrics", "PRESET:URL"),
+        ("nginx:http://h/metrics", "not one of"),
+        ("custom:http://h/metrics", "#queries"),
+        ("vllm:http://h/metrics#jobb=x", "unknown option"),
+        ("vllm:http://h/metrics#job=has space", "job id"),
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            parse_target(bad)
+
+
+def test_tgi_counters_without_total_suffix_and_histogram_sums() -> None:
+    text = (
+        "# TYPE tgi_request_success counter\ntgi_request_success 7\n"
+        "# TYPE tgi_request_input_length histogram\n"
+        'tgi_request_input_length_bucket{le="+Inf"} 7\ntgi_request_input_length_sum 700\n'
+        "tgi_request_input_length_count 7\n"
+        "# TYPE tgi_request_generated_tokens histogram\ntgi_request_generated_tokens_sum 210\n"
+        "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
+    )
+    values, start_s = read_counters(text, PRESETS["tgi"])
+    # prometheus_client's parser adds _total to counters exposed without it; either form is matched.
+    assert {name.removesuffix("_total"): v for (name, _), v in values.items()} == {
+        "tgi_request_success": 7.0,
+        "tgi_request_input_length_sum": 700.0,
+        "tgi_request_generated_tokens_sum": 210.0,
+    }
+    assert start_s == 1.7e9
+
+
+def test_counter_deltas_new_series_resets_and_outages(vllm: Server) -> None:
+    now = [1000.0]
+    scraper = Scraper(
+        [parse_target(f"vllm:{vllm.url}")],
+        lambda counts: None,
+        job_of_pid=lambda pid: "chat" if pid == os.getpid() else None,
+        candidate_pids=lambda: {os.getpid()},  # this test process is the "server": it owns the socket
+        clock=lambda: now[0],
+    )
+    vllm.engine.serve(50)  # before the first scrape: nobody's window
+    assert scraper.scrape_once() == []
+
+    def scrape(t_s: float) -> list[tuple[str, float, float, int, int, int]]:
+        now[0] = t_s
+        return [(c.job, c.t_start_s, c.t_end_s, c.queries, c.tokens_in, c.tokens_out) for c in scraper.scrape_once()]
+
+    vllm.engine.serve(3)
+    vllm.engine.serve(1, reason="length", prompt=40, generated=256)  # a series that appears now counts whole
+    assert scrape(1001.0) == [("chat", 1000.0, 1001.0, 4, 340, 346)]
+    assert scrape(1002.0) == [("chat", 1001.0, 1002.0, 0, 0, 0)]  # idle windows are sent too
+    vllm.status = 500
+    vllm.engine.serve(2)
+    assert scrape(1003.0) == []  # an outage keeps the window open
+    vllm.status = 200
+    assert scrape(1004.0) == [("chat", 1002.0, 1004.0, 2, 200, 60)]
+    vllm.engine = FakeVllm()  # the server restarted: counters start again from zero
+    vllm.engine.serve(1, prompt=10, generated=5)
+    assert scrape(1005.0) == [("chat", 1004.0, 1005.0, 1, 10, 5)]
+
+
+def test_the_agent_attributes_scraped_counts_to_the_serving_process_job(tmp_path: Path, vllm: Server) -> None:
+    from wattwatch.agent.options import AgentOptions
+
+    fleet = SimulatedFleet(1)
+    sensor = NvmlSensor(fleet.module(), clock=fleet.clock)
+    settings = Settings(home=tmp_path, collector_url="http://127.0.0.1:9", interval_s=3600, host="h")
+    options = AgentOptions(scrape=(parse_target(f"vllm:{vllm.url}"),))
+    agent = Agent(settings, [sensor], gpu_processes=sensor, serve_socket=False, procfs=ProcFs(), options=options)
+    agent.start()
+    try:
+        agent.handle({"op": "job_start", "id": "chat", "name": "chat", "kind": "inference", "pid": os.getpid()})
+        fleet.set_activity(0, "inference", fleet.clock(), pid=os.getpid())  # the server's process is on gpu0
+        assert agent.tick()
+        assert agent.scraper is not None
+        agent.scraper.scrape_once()
+        vllm.engine.serve(5)
+        counts = agent.scraper.scrape_once()
+        assert [(c.job, c.queries, c.tokens_in, c.tokens_out) for c in counts] == [("chat", 5, 500, 150)]
+    finally:
+        agent.stop(flush_timeout_s=0.2)
+    spool = Spool(tmp_path / "spool.db")
+    batches = [wire.decode_batch(body) for _, body in spool.peek(limit=1000)]
+    spool.close()
+    assert [(c.job, c.queries) for b in batches for c in b.query_counts] == [("chat", 5)]

@@ -199,7 +199,8 @@ def test_sketch_quantiles_are_within_its_relative_accuracy(values: list[float], 
         sketch.add(v)
     exact = nearest_rank(values, q)
     assert exact is not None
-    assert sketch.quantile(q) == pytest.approx(exact, rel=sketch.relative_accuracy, abs=0.0)
+    # At most the accuracy; exactly it (up to rounding) for a value on a bucket's upper edge, such as 1.0.
+    assert sketch.quantile(q) == pytest.approx(exact, rel=sketch.relative_accuracy * (1 + 1e-9), abs=0.0)
     # Round trip through JSON, then take every value back out: empty again.
     again = EnergySketch.from_json(json.loads(json.dumps(sketch.to_json())))
     for v in values:

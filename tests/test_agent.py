@@ -252,6 +252,16 @@ def test_sdk_is_a_noop_with_one_warning_when_no_agent(tmp_path: Path) -> None:
     assert len([w for w in caught if "no agent reachable" in str(w.message)]) == 1
 
 
+class CountingAgent(Agent):
+    """Records the ops the local API delivers (to see the SDK batch its spans)."""
+
+    ops: list[str]
+
+    def handle(self, msg: dict[str, object]) -> dict[str, object]:  # type: ignore[override]
+        self.ops = [*getattr(self, "ops", []), str(msg.get("op"))]
+        return super().handle(msg)  # type: ignore[arg-type]
+
+
 def test_queries_op_keeps_good_spans_and_names_the_bad_ones(tmp_path: Path) -> None:
     agent, _ = make_agent(tmp_path)
     now = time.time()
@@ -275,6 +285,72 @@ def test_queries_op_keeps_good_spans_and_names_the_bad_ones(tmp_path: Path) -> N
         ("chat", "query", 5, 7),
         ("ft", "step", 0, 0),
     ]
+
+
+def test_sdk_batches_spans_without_blocking_and_flushes_them_before_the_job_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    sensor = LinearSensor({"gpu0": 300.0}, time.time)
+    settings = replace(Settings(home=tmp_path), collector_url="http://127.0.0.1:9", interval_s=3600)
+    agent = CountingAgent(settings, [sensor])
+    agent.start()
+    try:
+        client = AgentClient(agent.settings.socket_path)
+        with wattwatch.job("serve", kind="inference", job_id="srv", client=client):
+            t0 = time.perf_counter()
+            for i in range(2000):
+                with wattwatch.sdk.query(tokens_in=i, tokens_out=1, client=client):
+                    pass
+            spent_s = time.perf_counter() - t0
+            with wattwatch.sdk.epoch(client=client), wattwatch.sdk.step(tokens=64, client=client) as s:
+                s["tokens_in"] += 1
+        wait_for(lambda: agent.registry.get("srv") is None)
+    finally:
+        agent.stop(flush_timeout_s=0.5)
+    print(f"\n2000 query spans recorded in {spent_s * 1e3:.1f} ms ({spent_s / 2000 * 1e6:.1f} us each)")
+    assert spent_s < 1.0  # the workload's thread only appends to a buffer
+    batches = [wire.decode_batch(b) for _, b in Spool(tmp_path / "spool.db").peek(limit=1000)]
+    spans = [q for b in batches for q in b.queries]
+    assert len([q for q in spans if q.kind == "query"]) == 2000
+    assert sum(q.tokens_in for q in spans if q.kind == "query") == sum(range(2000))
+    assert [(q.kind, q.tokens_in) for q in spans if q.kind != "query"] == [("step", 65), ("epoch", 0)]
+    # Far fewer messages than spans, and all of them before the job's end.
+    assert agent.ops.count("queries") < 100
+    assert agent.ops.index("job_end") > max(i for i, op in enumerate(agent.ops) if op == "queries")
+
+
+def test_span_buffer_keeps_spans_while_the_agent_is_away_and_delivers_them_later(tmp_path: Path) -> None:
+    import wattwatch.sdk as sdk
+
+    sdk._warned = True  # this test is about delivery, not the warning
+    client = AgentClient(tmp_path / "agent.sock")
+    now = time.time()
+    for _ in range(10):
+        sdk.record_span("query", now - 0.5, now, job_id="late", client=client)
+    time.sleep(0.3)  # the sender tries, fails, backs off
+    assert client.spans.pending() == 10
+    agent, _ = make_agent(tmp_path)
+    agent.start()
+    try:
+        wait_for(lambda: client.spans.pending() == 0, timeout_s=15.0)
+        wait_for(lambda: agent.outbox._queries != [])
+        batches = drain(agent)
+    finally:
+        agent.stop(flush_timeout_s=0.2)
+        client.close()
+    assert len([q for b in batches for q in b.queries if q.job == "late"]) == 10
+
+
+def test_record_span_never_raises_into_the_workload(tmp_path: Path) -> None:
+    import wattwatch.sdk as sdk
+
+    sdk._warned = False
+    client = AgentClient(tmp_path / "nothing.sock")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sdk.record_span("query", 1.0, 2.0, tokens_in="many", job_id="j", client=client)  # type: ignore[arg-type]
+    assert any("could not record a span" in str(w.message) for w in caught)
 
 
 def test_cpu_meter_reads_job_trees_from_proc(tmp_path: Path) -> None:

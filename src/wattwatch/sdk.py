@@ -1,12 +1,18 @@
-"""The Python SDK: ``wattwatch.job()`` and ``wattwatch.query()``, talking to the local agent.
+"""The Python SDK: ``wattwatch.job()``, and spans inside it: ``query()`` per inference request,
+``step()`` / ``epoch()`` for training.
 
-Both are context managers that must never hurt the workload: they connect to the agent's Unix socket
-(``$WATTWATCH_HOME/agent.sock``) with a short timeout, send one line per event, and become no-ops with a
-single warning when no agent is reachable. Query spans are fire-and-forget.
+They must never hurt the workload. ``job()`` talks to the agent's Unix socket
+(``$WATTWATCH_HOME/agent.sock``) with a short timeout; spans never touch the socket on the workload's
+thread: they are appended to a buffer that a background thread sends as one ``queries`` message every
+``FLUSH_INTERVAL_S`` or ``FLUSH_SPANS`` spans, whichever comes first. Nothing here raises into the
+workload; with no agent reachable everything is a no-op after a single warning, and the buffer drops its
+oldest spans past ``MAX_BUFFERED_SPANS`` rather than grow without bound.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
 import json
 import os
@@ -17,14 +23,20 @@ import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from wattwatch.config import default_home
 
 _current_job: ContextVar[str | None] = ContextVar("wattwatch_job", default=None)
 
 CONNECT_TIMEOUT_S = 0.5
+FLUSH_INTERVAL_S = 0.1
+FLUSH_SPANS = 256
+MAX_BUFFERED_SPANS = 100_000
+MAX_SPANS_PER_MESSAGE = 2_000
+SpanKind = Literal["query", "step", "epoch"]
 
 
 class AgentClient:
@@ -36,6 +48,16 @@ class AgentClient:
         self._sock: socket.socket | None = None
         self._file: Any = None
         self._lock = threading.Lock()
+        self._spans: SpanBuffer | None = None
+        self._spans_lock = threading.Lock()
+
+    @property
+    def spans(self) -> SpanBuffer:
+        """This client's span buffer (its sender thread starts with the first span)."""
+        with self._spans_lock:
+            if self._spans is None:
+                self._spans = SpanBuffer(self)
+            return self._spans
 
     def request(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         """Send ``msg`` and wait (at most ``timeout_s``) for the reply; raises OSError when unreachable."""
@@ -87,22 +109,135 @@ class AgentClient:
         self._file = None
 
     def close(self) -> None:
-        """Close the connection."""
+        """Send buffered spans (for up to a second) and close the connection."""
+        if self._spans is not None:
+            self._spans.close()
         with self._lock:
             self._close()
+
+
+class SpanBuffer:
+    """Spans waiting for the agent, sent by one daemon thread in ``queries`` messages.
+
+    ``add`` only appends under a lock held for microseconds: it never waits on the socket. The thread
+    wakes every ``flush_interval_s``, or as soon as ``flush_spans`` are waiting. When the agent cannot
+    be reached the spans are kept (the oldest dropped past ``max_spans``) and retried with backoff.
+    """
+
+    def __init__(
+        self,
+        client: AgentClient,
+        *,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        flush_spans: int = FLUSH_SPANS,
+        max_spans: int = MAX_BUFFERED_SPANS,
+    ) -> None:
+        self.client = client
+        self.flush_interval_s = flush_interval_s
+        self.flush_spans = flush_spans
+        self.dropped = 0
+        self.sent = 0
+        self._spans: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_spans)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._send_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, span: dict[str, Any]) -> None:
+        """Queue one span; returns at once."""
+        with self._lock:
+            if len(self._spans) == self._spans.maxlen:
+                self.dropped += 1  # the deque drops the oldest
+            self._spans.append(span)
+            self._idle.clear()
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="wattwatch-spans", daemon=True)
+                self._thread.start()
+            wake = len(self._spans) >= self.flush_spans
+        if wake:
+            self._wake.set()
+
+    def pending(self) -> int:
+        """Spans not yet handed to the agent."""
+        with self._lock:
+            return len(self._spans)
+
+    def flush(self, timeout_s: float = 1.0) -> bool:
+        """Send what is buffered now, waiting at most ``timeout_s``; True when nothing is left."""
+        deadline = time.monotonic() + timeout_s
+        while self.pending():
+            if not self._send_some() or time.monotonic() >= deadline:
+                break
+        return self.pending() == 0
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Flush (bounded) and stop the thread."""
+        self._closed = True
+        self.flush(timeout_s)
+        self._wake.set()
+
+    def _run(self) -> None:
+        backoff_s = 0.0
+        while not self._closed:
+            self._wake.wait(self.flush_interval_s + backoff_s)
+            self._wake.clear()
+            backoff_s = 0.0 if self._send_some() else min(max(backoff_s * 2, 0.2), 5.0)
+
+    def _send_some(self) -> bool:
+        """Send everything buffered; False when the agent was unreachable (the spans stay queued)."""
+        with self._send_lock:
+            while True:
+                with self._lock:
+                    if not self._spans:
+                        self._idle.set()
+                        return True
+                    batch = [self._spans.popleft() for _ in range(min(len(self._spans), MAX_SPANS_PER_MESSAGE))]
+                try:
+                    self.client.send({"op": "queries", "spans": batch})
+                    self.sent += len(batch)
+                except (OSError, ValueError) as exc:
+                    with self._lock:
+                        room = (self._spans.maxlen or 0) - len(self._spans)
+                        keep = batch[-room:] if room > 0 else []
+                        self.dropped += len(batch) - len(keep)
+                        self._spans.extendleft(reversed(keep))
+                    _warn_once(f"no agent reachable at {self.client.path} ({exc}); start one with `wattwatch up`")
+                    return False
 
 
 _client_lock = threading.Lock()
 _client: AgentClient | None = None
 _warned = False
+_at_fork_registered = False
 
 
 def _shared_client() -> AgentClient:
-    global _client
+    global _client, _at_fork_registered
     with _client_lock:
         if _client is None:
             _client = AgentClient()
+            atexit.register(_flush_at_exit)
+            if not _at_fork_registered:
+                _at_fork_registered = True
+                # A forked child (a data-loader worker) must not inherit the parent's socket, locks or
+                # sender thread (threads do not survive fork): it starts over with its own client.
+                os.register_at_fork(after_in_child=_forget_client)
         return _client
+
+
+def _forget_client() -> None:
+    global _client, _client_lock
+    _client = None
+    _client_lock = threading.Lock()
+
+
+def _flush_at_exit() -> None:
+    client = _client
+    if client is not None and client._spans is not None:
+        client._spans.flush(timeout_s=1.0)
 
 
 def _warn_once(message: str) -> None:
@@ -110,6 +245,67 @@ def _warn_once(message: str) -> None:
     if not _warned:
         _warned = True
         warnings.warn(f"wattwatch: {message}; energy is not being recorded", RuntimeWarning, stacklevel=3)
+
+
+@dataclass
+class JobHandle:
+    """A started job (``start_job``); ``end()`` it once. ``started`` is False when no agent took it."""
+
+    id: str
+    client: AgentClient
+    started: bool
+    ended: bool = field(default=False)
+
+    def end(self) -> None:
+        """Send the job's buffered spans, then end it at the agent; never raises."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            if self.client._spans is not None:
+                self.client._spans.flush(timeout_s=1.0)
+            if self.started:
+                self.client.request({"op": "job_end", "id": self.id})
+        except (OSError, ValueError):
+            pass
+
+
+def start_job(
+    name: str,
+    kind: str = "training",
+    *,
+    labels: Mapping[str, str] | None = None,
+    job_id: str | None = None,
+    client: AgentClient | None = None,
+    via: str = "sdk",
+) -> JobHandle:
+    """Start a job at the agent and return its handle (for code whose start and end are in different
+    callbacks; otherwise use ``job()``). Never raises: without an agent the handle is inert."""
+    client = client or _shared_client()
+    jid = job_id or os.environ.get("WATTWATCH_JOB") or uuid.uuid4().hex
+    started = False
+    try:
+        reply = client.request(
+            {
+                "op": "job_start",
+                "id": jid,
+                "name": name,
+                "kind": kind,
+                "labels": dict(labels or {}),
+                "pid": os.getpid(),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "via": via,
+            }
+        )
+        if reply.get("ok"):
+            started = True
+            if reply.get("warning"):
+                warnings.warn(f"wattwatch: {reply['warning']}", RuntimeWarning, stacklevel=3)
+        else:
+            warnings.warn(f"wattwatch: agent refused the job: {reply.get('error')}", RuntimeWarning, stacklevel=3)
+    except (OSError, ValueError) as exc:
+        _warn_once(f"no agent reachable at {client.path} ({exc}); start one with `wattwatch up`")
+    return JobHandle(jid, client, started)
 
 
 @contextlib.contextmanager
@@ -130,47 +326,62 @@ def job(
         with wattwatch.job("llama-ft", kind="training", labels={"team": "nlp"}):
             trainer.train()
     """
-    client = client or _shared_client()
-    jid = job_id or os.environ.get("WATTWATCH_JOB") or uuid.uuid4().hex
-    started = False
+    handle = start_job(name, kind, labels=labels, job_id=job_id, client=client)
+    token = _current_job.set(handle.id)
     try:
-        reply = client.request(
-            {
-                "op": "job_start",
-                "id": jid,
-                "name": name,
-                "kind": kind,
-                "labels": dict(labels or {}),
-                "pid": os.getpid(),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            }
-        )
-        if reply.get("ok"):
-            started = True
-            if reply.get("warning"):
-                warnings.warn(f"wattwatch: {reply['warning']}", RuntimeWarning, stacklevel=3)
-        else:
-            warnings.warn(f"wattwatch: agent refused the job: {reply.get('error')}", RuntimeWarning, stacklevel=3)
-    except (OSError, ValueError) as exc:
-        _warn_once(f"no agent reachable at {client.path} ({exc}); start one with `wattwatch up`")
-    token = _current_job.set(jid)
-    try:
-        yield jid
+        yield handle.id
     finally:
         _current_job.reset(token)
-        if started:
-            with contextlib.suppress(OSError, ValueError):
-                client.request({"op": "job_end", "id": jid})
+        handle.end()
+
+
+def record_span(
+    kind: SpanKind,
+    t_start_s: float,
+    t_end_s: float,
+    *,
+    tokens_in: int = 0,
+    tokens_out: int = 0,
+    job_id: str | None = None,
+    client: AgentClient | None = None,
+) -> None:
+    """Queue one finished span (Unix seconds) for the current job; never blocks, never raises."""
+    try:
+        jid = job_id or _current_job.get() or os.environ.get("WATTWATCH_JOB")
+        if jid is None:
+            _warn_once(f"wattwatch.{kind}() outside any job; wrap the code in wattwatch.job() or `wattwatch run`")
+            return
+        span = {"job": jid, "kind": kind, "t_start_s": t_start_s, "t_end_s": t_end_s}
+        if tokens_in:
+            span["tokens_in"] = int(tokens_in)
+        if tokens_out:
+            span["tokens_out"] = int(tokens_out)
+        (client or _shared_client()).spans.add(span)
+    except Exception as exc:  # the workload comes first
+        _warn_once(f"could not record a span ({exc!r})")
 
 
 @contextlib.contextmanager
+def _span(
+    kind: SpanKind, counts: dict[str, int], job_id: str | None, client: AgentClient | None
+) -> Iterator[dict[str, int]]:
+    t_start_s = time.time()
+    try:
+        yield counts
+    finally:
+        tokens_in, tokens_out = counts.get("tokens_in", 0), counts.get("tokens_out", 0)
+        record_span(
+            kind, t_start_s, time.time(), tokens_in=tokens_in, tokens_out=tokens_out, job_id=job_id, client=client
+        )
+
+
 def query(
     tokens_in: int = 0,
     tokens_out: int = 0,
     *,
     job_id: str | None = None,
     client: AgentClient | None = None,
-) -> Iterator[dict[str, int]]:
+) -> contextlib.AbstractContextManager[dict[str, int]]:
     """Record the enclosed block as one inference request of the current job.
 
     Token counts can be set inside the block through the yielded dict (``q["tokens_out"] = n``) when
@@ -180,17 +391,30 @@ def query(
             out = model.generate(prompt_ids)
             q["tokens_out"] = len(out)
     """
-    counts = {"tokens_in": tokens_in, "tokens_out": tokens_out}
-    t_start_s = time.time()
-    try:
-        yield counts
-    finally:
-        jid = job_id or _current_job.get() or os.environ.get("WATTWATCH_JOB")
-        if jid is None:
-            _warn_once("wattwatch.query() outside any job; wrap the server in wattwatch.job() or `wattwatch run`")
-        else:
-            client = client or _shared_client()
-            try:
-                client.send({"op": "query", "job": jid, "t_start_s": t_start_s, "t_end_s": time.time(), **counts})
-            except OSError as exc:
-                _warn_once(f"no agent reachable at {client.path} ({exc}); start one with `wattwatch up`")
+    return _span("query", {"tokens_in": tokens_in, "tokens_out": tokens_out}, job_id, client)
+
+
+def step(
+    tokens: int = 0, *, job_id: str | None = None, client: AgentClient | None = None
+) -> contextlib.AbstractContextManager[dict[str, int]]:
+    """Record the enclosed block as one training step of the current job (energy per step in reports).
+
+    ``tokens`` (or ``s["tokens_in"] = n`` inside) are the tokens the step trained on. Example::
+
+        for batch in loader:
+            with wattwatch.step(tokens=batch.numel()):
+                loss = model(batch).loss; loss.backward(); opt.step()
+    """
+    return _span("step", {"tokens_in": tokens}, job_id, client)
+
+
+def epoch(
+    *, job_id: str | None = None, client: AgentClient | None = None
+) -> contextlib.AbstractContextManager[dict[str, int]]:
+    """Record the enclosed block as one training epoch of the current job. Example::
+
+    for _ in range(epochs):
+        with wattwatch.epoch():
+            train_one_epoch()
+    """
+    return _span("epoch", {}, job_id, client)

@@ -33,7 +33,7 @@ def no_driver_module(code: int) -> Any:
     def fail() -> None:
         raise pynvml.NVMLError(code)
 
-    module.nvmlInit = fail  # type: ignore[method-assign]
+    module.nvmlInit = fail
     return module
 
 

@@ -77,7 +77,7 @@ def failing_module(code: int) -> object:
     def fail() -> None:
         raise pynvml.NVMLError(code)
 
-    module.nvmlInit = fail  # type: ignore[method-assign]
+    module.nvmlInit = fail
     return module
 
 

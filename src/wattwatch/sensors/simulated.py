@@ -447,9 +447,10 @@ class SimulatedFleet:
         """Board ``index`` (for the fake module; callers hold ``lock``)."""
         return self._board(index)
 
-    def module(self) -> FakeNvml:
-        """A fake ``pynvml`` module over this fleet (``WATTWATCH_SIMULATED = True``); each call is a new
-        "process" view with its own ``nvmlInit`` count."""
+    def module(self) -> Any:
+        """A fake ``pynvml`` module over this fleet (a ``FakeNvml``, ``WATTWATCH_SIMULATED = True``); each
+        call is a new "process" view with its own ``nvmlInit`` count. Typed ``Any``, like the real module:
+        its NVML constants and error classes are copied in at run time."""
         from wattwatch.sensors.fake_nvml import FakeNvml
 
         return FakeNvml(self)

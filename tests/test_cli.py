@@ -118,3 +118,17 @@ def test_run_without_an_agent_still_runs_the_command_and_keeps_its_exit_code(hom
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "wattwatch demo" in capsys.readouterr().out
+
+
+def test_doctor_on_simulated_pre_volta_boards_says_there_is_no_energy_counter(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["doctor", "--simulate", "2", "--generation", "p100"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("energy counter: NO") == 2
+    assert "SIMULATED" in out
+
+
+def test_doctor_rejects_an_unknown_generation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--simulate", "1", "--generation", "z80"]) == 2
+    assert "h100" in one_line_error(capsys)

@@ -138,12 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
     rep.add_argument("--token", help="bearer token for --server")
 
-    sub.add_parser(
+    doc = sub.add_parser(
         "doctor",
         help="which sensors work here, and why the others don't",
         formatter_class=_fmt(),
-        epilog="example:\n  wattwatch doctor",
+        epilog="examples:\n  wattwatch doctor\n  wattwatch doctor --simulate 2 --generation p100",
     )
+    doc.add_argument("--simulate", type=int, default=0, metavar="N", help="examine N simulated GPUs instead")
+    doc.add_argument("--generation", default="h100", help="board generation of simulated GPUs (default h100)")
 
     db = sub.add_parser(
         "db",
@@ -177,8 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    # Services log what they do; one-shot commands print their answer and only warnings besides.
+    quiet = args.command not in ("up", "demo", "collector", "agent")
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else (logging.WARNING if quiet else logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn", "alembic"):
@@ -248,7 +252,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if cmd == "report":
         return _report(args, settings)
     if cmd == "doctor":
-        return _doctor()
+        return _doctor(args)
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
@@ -408,22 +412,23 @@ def _report_from_server(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _doctor() -> int:
-    from wattwatch.sensors.discovery import discover
+def _doctor(args: argparse.Namespace) -> int:
+    from wattwatch.doctor import run_doctor
 
+    fleet = None
+    if args.simulate:
+        _check_simulate(args.simulate)
+        from wattwatch.sensors.generations import GENERATIONS
+        from wattwatch.sensors.simulated import SimulatedFleet
+
+        if args.generation.lower() not in GENERATIONS:
+            raise UsageError(f"--generation {args.generation!r} is unknown; use one of {', '.join(GENERATIONS)}")
+        fleet = SimulatedFleet(args.simulate, generation=args.generation)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = discover()
-    for sensor in found.sensors:
-        devices = ", ".join(f"{d.key} ({d.model or d.kind})" for d in sensor.devices())
-        print(f"ok    {sensor.name:10s} {devices}")
-    for skipped in found.skipped:
-        print(f"skip  {skipped.name:10s} {skipped.reason}")
-        if skipped.fix:
-            print(f"      {'':10s} fix: {skipped.fix}")
-    for sensor in found.sensors:
-        sensor.close()
-    return 0
+        text, code = run_doctor(simulate_fleet=fleet)
+    print(text)
+    return code
 
 
 if __name__ == "__main__":

@@ -189,7 +189,9 @@ class CpuEstimateSensor:
             why = "codecarbon's CPU table not found"
         return (
             total_w,
-            f"default {DEFAULT_W_PER_CORE:g} W x {n_cores} core(s) = {total_w:g} W ({why}); set the TDP to do better",
+            f"default {DEFAULT_W_PER_CORE:g} W x {n_cores} core(s)"
+            + (f", at least {MIN_DEFAULT_TDP_W:g} W" if total_w > DEFAULT_W_PER_CORE * n_cores else "")
+            + f" = {total_w:g} W ({why}); set the TDP to do better",
         )
 
     def power_w(self, utilisation_percent: float) -> float:

@@ -252,7 +252,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if cmd == "report":
         return _report(args, settings)
     if cmd == "doctor":
-        return _doctor(args)
+        return _doctor(args, settings)
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
@@ -412,7 +412,7 @@ def _report_from_server(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _doctor(args: argparse.Namespace) -> int:
+def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     from wattwatch.doctor import run_doctor
 
     fleet = None
@@ -426,7 +426,7 @@ def _doctor(args: argparse.Namespace) -> int:
         fleet = SimulatedFleet(args.simulate, generation=args.generation)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        text, code = run_doctor(simulate_fleet=fleet)
+        text, code = run_doctor(simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None)
     print(text)
     return code
 

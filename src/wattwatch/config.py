@@ -38,6 +38,8 @@ class Settings:
     # Carbon: gCO2e = kWh x PUE x grid intensity.
     grid_intensity_g_per_kwh: float = 400.0
     pue: float = 1.0
+    # CPU TDP for the estimate where RAPL is missing; 0 looks it up in codecarbon's CPU table.
+    cpu_tdp_w: float = 0.0
     # Finished jobs leave /metrics after this long, so label cardinality stays bounded.
     metrics_retention_s: float = 3600.0
 
@@ -75,6 +77,7 @@ _ENV = {
     "grid_intensity_g_per_kwh": "WATTWATCH_GRID_INTENSITY",
     "pue": "WATTWATCH_PUE",
     "metrics_retention_s": "WATTWATCH_METRICS_RETENTION",
+    "cpu_tdp_w": "WATTWATCH_CPU_TDP",
 }
 
 

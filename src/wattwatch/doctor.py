@@ -27,13 +27,14 @@ def run_doctor(
     simulate_fleet: SimulatedFleet | None = None,
     powercap_root: Path = Path("/sys/class/powercap"),
     nvml: Any | None = None,
+    cpu_tdp_w: float | None = None,
 ) -> tuple[str, int]:
     """The doctor's report as text, and the exit code (0: nothing to fix; 1: something to fix).
 
     ``simulate_fleet`` examines simulated GPUs instead of NVML; ``powercap_root`` and ``nvml`` (a
     pynvml-like module) are the hardware boundaries, passed in so tests use fixtures.
     """
-    found = discover(simulate_fleet=simulate_fleet, powercap_root=powercap_root, nvml=nvml)
+    found = discover(simulate_fleet=simulate_fleet, powercap_root=powercap_root, nvml=nvml, cpu_tdp_w=cpu_tdp_w)
     try:
         lines, problems = _describe(found)
     finally:

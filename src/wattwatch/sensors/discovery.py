@@ -54,14 +54,16 @@ def discover(
     powercap_root: Path = Path("/sys/class/powercap"),
     nvml: Any | None = None,
     estimate_dram: bool = True,
+    cpu_tdp_w: float | None = None,
 ) -> Discovery:
     """Build the sensors this host supports, preferring counters to estimates, and say why for the rest.
 
     ``estimate_dram=False`` leaves DRAM unmeasured where no RAPL DRAM zone exists, instead of estimating it.
+    ``cpu_tdp_w`` overrides the CPU's TDP looked up for the estimate (``WATTWATCH_CPU_TDP``).
     """
     found = Discovery()
     _discover_gpus(found, simulate_fleet, nvml)
-    _discover_cpus(found, powercap_root, estimate_dram)
+    _discover_cpus(found, powercap_root, estimate_dram, cpu_tdp_w)
     for s in found.skipped:
         log.info("sensor %s skipped: %s (fix: %s)", s.name, s.reason, s.fix)
     return found
@@ -91,7 +93,7 @@ def _discover_gpus(found: Discovery, fleet: SimulatedFleet | None, nvml: Any | N
     found.nvml = sensor
 
 
-def _discover_cpus(found: Discovery, powercap_root: Path, estimate_dram: bool) -> None:
+def _discover_cpus(found: Discovery, powercap_root: Path, estimate_dram: bool, cpu_tdp_w: float | None = None) -> None:
     from wattwatch.sensors.estimate import CpuEstimateSensor, DramEstimateSensor
     from wattwatch.sensors.rapl import PERMISSION_FIX, RaplSensor
 
@@ -128,6 +130,6 @@ def _discover_cpus(found: Discovery, powercap_root: Path, estimate_dram: bool) -
             Skipped("rapl", "RAPL counters failed to read", "check the powercap sysfs", str(exc), problem=True)
         )
     # Never alongside RAPL: both would report the same packages.
-    found.sensors.append(CpuEstimateSensor())
+    found.sensors.append(CpuEstimateSensor(tdp_w=cpu_tdp_w))
     if estimate_dram:
         found.sensors.append(DramEstimateSensor())

@@ -191,7 +191,7 @@ class CpuEstimateSensor:
             total_w,
             f"default {DEFAULT_W_PER_CORE:g} W x {n_cores} core(s)"
             + (f", at least {MIN_DEFAULT_TDP_W:g} W" if total_w > DEFAULT_W_PER_CORE * n_cores else "")
-            + f" = {total_w:g} W ({why}); set the TDP to do better",
+            + f" = {total_w:g} W ({why}); set WATTWATCH_CPU_TDP (watts) to do better",
         )
 
     def power_w(self, utilisation_percent: float) -> float:

@@ -1,11 +1,16 @@
 """Zero-code counts: a real HTTP server on loopback exposes vLLM-shaped counters (made with
 prometheus_client, as vLLM makes them, under vLLM's metric names); the scraper turns their advance into
-QueryCount windows and finds the job by the process that listens on the port."""
+QueryCount windows and finds the job by the process that listens on the port. The last test runs it all
+with no SDK call: a fake `vllm serve` process, the agent, a real collector, the report."""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from wattwatch import wire
+from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.scrape import PRESETS, Scraper, parse_target, read_counters
@@ -23,6 +29,9 @@ from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.standalone import Collector
+from wattwatch.storage.engine import make_engine
+from wattwatch.storage.reads import build_report
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -144,8 +153,6 @@ def test_counter_deltas_new_series_resets_and_outages(vllm: Server) -> None:
 
 
 def test_the_agent_attributes_scraped_counts_to_the_serving_process_job(tmp_path: Path, vllm: Server) -> None:
-    from wattwatch.agent.options import AgentOptions
-
     fleet = SimulatedFleet(1)
     sensor = NvmlSensor(fleet.module(), clock=fleet.clock)
     settings = Settings(home=tmp_path, collector_url="http://127.0.0.1:9", interval_s=3600, host="h")
@@ -167,3 +174,105 @@ def test_the_agent_attributes_scraped_counts_to_the_serving_process_job(tmp_path
     batches = [wire.decode_batch(body) for _, body in spool.peek(limit=1000)]
     spool.close()
     assert [(c.job, c.queries) for b in batches for c in b.query_counts] == [("chat", 5)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+FAKE_VLLM = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+reg = CollectorRegistry()
+ok = Counter("vllm:request_success", "Finished requests.", ["model_name", "finished_reason"], registry=reg)
+prompt = Counter("vllm:prompt_tokens", "Prefill tokens.", ["model_name"], registry=reg)
+gen = Counter("vllm:generation_tokens", "Generated tokens.", ["model_name"], registry=reg)
+
+
+class Metrics(BaseHTTPRequestHandler):
+    def do_GET(self):
+        # Every scrape finds three more finished requests: the test knows exactly what was served.
+        ok.labels("fake-model", "stop").inc(3)
+        prompt.labels("fake-model").inc(300)
+        gen.labels("fake-model").inc(90)
+        body = generate_latest(reg)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer(("127.0.0.1", port), Metrics).serve_forever()
+"""
+
+
+def test_a_vllm_server_nobody_tagged_gets_energy_per_query_from_its_counters(tmp_path: Path) -> None:
+    """No SDK, no `wattwatch run`: the agent finds the server by its command, scrapes its port, and
+    the collector's report has energy per query from the counts."""
+    port, col_port = free_port(), free_port()
+    script = tmp_path / "vllm"  # its command line reads "python .../vllm serve fake-model"
+    script.write_text(FAKE_VLLM)
+    server = subprocess.Popen([sys.executable, str(script), "serve", "fake-model", "--port", str(port)])
+    collector_settings = Settings(home=tmp_path / "collector", listen=f"127.0.0.1:{col_port}")
+    collector = Collector(collector_settings, migrate=True)
+    collector.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not listening(port):
+            assert time.monotonic() < deadline and server.poll() is None, "the fake vLLM did not start"
+            time.sleep(0.05)
+        fleet = SimulatedFleet(1)
+        sensor = NvmlSensor(fleet.module(), clock=fleet.clock)
+        settings = Settings(home=tmp_path / "agent", collector_url=collector.url, interval_s=3600, host="gpu-1")
+        options = AgentOptions(scrape=(parse_target(f"vllm:http://127.0.0.1:{port}/metrics"),))
+        agent = Agent(settings, [sensor], gpu_processes=sensor, serve_socket=False, procfs=ProcFs(), options=options)
+        agent.start()
+        assert agent.scraper is not None
+        try:
+            fleet.set_activity(0, "inference", fleet.clock(), pid=server.pid)
+            assert agent.tick()
+            (job,) = agent.jobs()
+            assert (job["kind"], job["discovered_by"]) == ("inference", "heuristic:vllm")
+            assert agent.scraper.scrape_once() == []  # the baseline
+            assert agent.tick()
+            first_s = agent.sampler.last_t_s
+            counts = []
+            for _ in range(6):
+                time.sleep(0.4)
+                counts += agent.scraper.scrape_once()
+                assert agent.tick()  # ticks right after scrapes: the windows' edges are readings
+            last_s = agent.sampler.last_t_s
+            fleet.set_activity(0, "idle", fleet.clock(), pid=server.pid)
+            assert agent.tick()
+        finally:
+            agent.stop(flush_timeout_s=5.0)
+    finally:
+        server.kill()
+        server.wait()
+        collector.stop()
+    assert [(c.job, c.queries, c.tokens_in, c.tokens_out) for c in counts] == [(job["id"], 3, 300, 90)] * 6
+    engine = make_engine(collector_settings.resolved_db_url)
+    try:
+        report = build_report(engine, job_id=job["id"])
+    finally:
+        engine.dispose()
+    (entry,) = report["jobs"]
+    assert (entry["query_method"], entry["queries"], entry["tokens"]) == ("counts", 18, 18 * 130)
+    # The windows' energy is what the counter measured between the first and last window edge.
+    windows_j = fleet.exact_energy_j(0, fleet.last_update_s(0, first_s), fleet.last_update_s(0, last_s))
+    print(f"\n{entry['energy_per_query_j']:.2f} J/query vs exact {windows_j / 18:.2f} J/query")
+    assert entry["energy_per_query_j"] == pytest.approx(windows_j / 18, rel=0.02)
+    assert entry["energy_per_query_j"] * 18 + entry["waiting_energy_j"] == pytest.approx(entry["energy_j"], rel=1e-9)

@@ -25,6 +25,9 @@ from wattwatch.storage.span_energy import DEFAULT_SETTLE_S, PassResult, compute_
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 10.0
+# The pass at shutdown stops after this long: `wattwatch up` waits 10 s for its collector thread, and
+# whatever is left over is computed by the next collector to start.
+FINAL_PASS_BUDGET_S = 5.0
 
 
 class SpanEnergyScheduler:
@@ -94,6 +97,8 @@ class SpanEnergyScheduler:
         )
         scheduler.start()
         self._scheduler = scheduler
+        # Start with a pass rather than an interval later: what the last collector left is due now.
+        scheduler.add_job(self._timed_pass, id="span-energy-first")
 
     def stop(self, *, final_pass: bool = True) -> None:
         """Stop the timer (waiting for a pass in progress), then compute what is left unless told not to."""
@@ -102,6 +107,6 @@ class SpanEnergyScheduler:
             scheduler.shutdown(wait=True)
         if final_pass and self.interval_s is not None:
             try:
-                self.run_once(settle_s=0.0)
+                self.run_once(settle_s=0.0, budget_s=FINAL_PASS_BUDGET_S)
             except SQLAlchemyError as exc:
                 log.warning("final span-energy pass failed: %s", exc)

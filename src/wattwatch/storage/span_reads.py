@@ -11,6 +11,9 @@ Which method a job's energy per query comes from:
 Per-query figures exclude waiting energy, so for a finished job whose spans are all settled,
 ``energy_per_query_j * queries + waiting_energy_j == energy_j``. They cover the settled spans only
 (``queries_settled``), so a running job's figures trail its newest data by the settle delay.
+``energy_per_token_j`` is the settled queries' energy / their tokens, a token being one of
+``tokens_in + tokens_out`` (prompt and generated tokens count alike). Steps and epochs are shared
+among themselves (steps among steps in flight, epochs among epochs), never with queries.
 """
 
 from __future__ import annotations

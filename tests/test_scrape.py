@@ -176,6 +176,35 @@ def test_the_agent_attributes_scraped_counts_to_the_serving_process_job(tmp_path
     assert [(c.job, c.queries) for b in batches for c in b.query_counts] == [("chat", 5)]
 
 
+def test_a_metrics_front_beside_the_gpu_processes_belongs_to_their_parents_job(tmp_path: Path) -> None:
+    """TGI's router (HTTP, metrics) and its shards (GPU) are siblings under the launcher: here this test
+    process plays the launcher, a child http.server the router."""
+    port = free_port()
+    (tmp_path / "metrics").write_text("# TYPE tgi_request_success counter\ntgi_request_success 10\n")
+    router = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not listening(port):
+            assert time.monotonic() < deadline, "http.server did not start"
+            time.sleep(0.05)
+        scraper = Scraper(
+            [parse_target(f"tgi:http://127.0.0.1:{port}/metrics")],
+            lambda counts: None,
+            job_of_pid=lambda pid: "tgi-serve" if pid == os.getpid() else None,
+            candidate_pids=lambda: {os.getpid()},
+        )
+        scraper.scrape_once()
+        (tmp_path / "metrics").write_text("# TYPE tgi_request_success counter\ntgi_request_success 14\n")
+        assert [(c.job, c.queries) for c in scraper.scrape_once()] == [("tgi-serve", 4)]
+    finally:
+        router.kill()
+        router.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

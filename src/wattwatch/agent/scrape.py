@@ -9,7 +9,8 @@ a changed ``process_start_time_seconds`` resets them all. Windows run from one s
 next, zero counts included, so the collector knows which stretch of the job's energy the counts cover.
 
 The job is the one given in the target (``#job=ID``), else the job of the process listening on the
-URL's port, looked for among the GPU processes and their ancestors (never by scanning all of /proc).
+URL's port, looked for among the GPU processes, their ancestors and those ancestors' children (never by
+scanning all of /proc).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from wattwatch import wire
-from wattwatch.agent.procfs import listening_socket_inodes, socket_inodes
+from wattwatch.agent.procfs import ProcFs, listening_socket_inodes, socket_inodes
 from wattwatch.agent.requests import JOB_ID
 from wattwatch.errors import ConfigError
 
@@ -154,6 +155,7 @@ class Scraper:
         self._client = client or httpx.Client(timeout=timeout_s)
         self._clock = clock
         self._state = {t.url: _State() for t in self.targets}
+        self._procfs = ProcFs(proc_root)
 
     def scrape_once(self) -> list[wire.QueryCount]:
         """Scrape every target; emit and return the windows closed now."""
@@ -216,14 +218,21 @@ class Scraper:
             if job is not None:
                 return job
             state.pid = None  # the server went away or its job ended: look again
-        port = _port(target.url)
-        inodes = listening_socket_inodes(self._proc_root, port)
+        inodes = listening_socket_inodes(self._proc_root, _port(target.url))
         if not inodes:
             return None
-        for pid in sorted(self._candidates()):
+        candidates = sorted(self._candidates())
+        for pid in candidates:
             if socket_inodes(self._proc_root, pid) & inodes:
                 state.pid = pid
                 return self._job_of_pid(pid)
+        # A server whose HTTP front is a sibling of its GPU processes (TGI's router beside its shards,
+        # both children of the launcher): the front belongs to the job of its parent.
+        for parent in candidates:
+            for pid in self._procfs.children(parent):
+                if pid not in candidates and socket_inodes(self._proc_root, pid) & inodes:
+                    state.pid = parent
+                    return self._job_of_pid(parent)
         return None
 
     def _warn(self, state: _State, message: str) -> None:

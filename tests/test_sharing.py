@@ -13,12 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wattwatch import wire
 from wattwatch.accounting.attribution import split_interval
+from wattwatch.agent.jobs import JobRegistry
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
+from wattwatch.agent.tracker import ProcessTracker
 from wattwatch.config import Settings
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.simulated import SimulatedFleet
@@ -159,3 +163,33 @@ def test_without_per_process_utilisation_a_shared_gpu_is_split_equally(
         agent.stop(flush_timeout_s=0.2)
     _, shared = attributed_j(spooled(tmp_path), "gpu0")
     assert shared and all(iv.shares == {"a": 1.0, "b": 1.0} for iv in shared)
+
+
+@given(
+    holders=st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=4, unique=True),
+    owners=st.dictionaries(st.integers(1, 40), st.sampled_from(["a", "b", "c", "d", "gone"]), max_size=12),
+    util=st.dictionaries(st.integers(1, 50), st.floats(0, 100), max_size=12),
+    energy_j=st.floats(0, 1e7),
+)
+@settings(max_examples=300, deadline=None)
+def test_weights_are_never_negative_and_the_split_conserves_energy(
+    holders: list[str], owners: dict[int, str], util: dict[int, float], energy_j: float
+) -> None:
+    tracker = ProcessTracker(
+        JobRegistry(), ProcFs(), None, NoProcesses(), ["gpu0"], utilization=lambda key, since_s: util
+    )
+    weights = tracker.weigh("gpu0", 0.0, holders, owners)
+    assert set(weights) == set(holders)
+    assert all(math.isfinite(w) and w >= 0 for w in weights.values())
+    parts, idle_j = split_interval(energy_j, weights)
+    assert idle_j == 0.0 and all(p >= 0 for p in parts.values())
+    assert math.fsum(parts.values()) == pytest.approx(energy_j, rel=1e-9, abs=1e-9)
+    used = {h: sum(u for pid, u in util.items() if owners.get(pid) == h) for h in holders}
+    if len(holders) > 1 and sum(used.values()) > 0 and energy_j > 0:
+        for h in holders:  # a job's part is its processes' share of the utilisation
+            assert parts[h] == pytest.approx(energy_j * used[h] / sum(used.values()), rel=1e-9, abs=1e-6)
+
+
+class NoProcesses:
+    def running_pids(self, key: str) -> set[int]:
+        return set()

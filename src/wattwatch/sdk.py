@@ -120,8 +120,9 @@ class SpanBuffer:
     """Spans waiting for the agent, sent by one daemon thread in ``queries`` messages.
 
     ``add`` only appends under a lock held for microseconds: it never waits on the socket. The thread
-    wakes every ``flush_interval_s``, or as soon as ``flush_spans`` are waiting. When the agent cannot
-    be reached the spans are kept (the oldest dropped past ``max_spans``) and retried with backoff.
+    sends ``flush_interval_s`` after a span arrives, or as soon as ``flush_spans`` are waiting, and
+    sleeps while the buffer is empty. When the agent cannot be reached the spans are kept (the oldest
+    dropped past ``max_spans``) and retried with backoff.
     """
 
     def __init__(
@@ -139,9 +140,8 @@ class SpanBuffer:
         self.sent = 0
         self._spans: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_spans)
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
+        self._wake = threading.Event()  # enough spans for a message: send now
+        self._nonempty = threading.Event()  # the sender sleeps without waking while nothing is buffered
         self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -152,7 +152,7 @@ class SpanBuffer:
             if len(self._spans) == self._spans.maxlen:
                 self.dropped += 1  # the deque drops the oldest
             self._spans.append(span)
-            self._idle.clear()
+            self._nonempty.set()
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="wattwatch-spans", daemon=True)
                 self._thread.start()
@@ -177,11 +177,13 @@ class SpanBuffer:
         """Flush (bounded) and stop the thread."""
         self._closed = True
         self.flush(timeout_s)
+        self._nonempty.set()
         self._wake.set()
 
     def _run(self) -> None:
         backoff_s = 0.0
         while not self._closed:
+            self._nonempty.wait()
             self._wake.wait(self.flush_interval_s + backoff_s)
             self._wake.clear()
             backoff_s = 0.0 if self._send_some() else min(max(backoff_s * 2, 0.2), 5.0)
@@ -192,7 +194,7 @@ class SpanBuffer:
             while True:
                 with self._lock:
                     if not self._spans:
-                        self._idle.set()
+                        self._nonempty.clear()
                         return True
                     batch = [self._spans.popleft() for _ in range(min(len(self._spans), MAX_SPANS_PER_MESSAGE))]
                 try:

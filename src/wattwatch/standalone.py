@@ -14,10 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from wattwatch.agent.options import AgentOptions
 
 log = logging.getLogger("wattwatch")
 
@@ -64,7 +67,9 @@ class AgentParts:
     skipped: list[Any] = field(default_factory=list)
 
 
-def build_agent(settings: Settings, simulate: int = 0, seed: int = 0, options: Any = None) -> AgentParts:
+def build_agent(
+    settings: Settings, simulate: int = 0, seed: int = 0, options: AgentOptions | None = None
+) -> AgentParts:
     """Discover sensors (or simulate ``simulate`` GPUs through the fake NVML module) and build an Agent.
 
     ``options`` (``agent.options.AgentOptions``: job discovery, kubelet, scrape targets) default to the
@@ -160,13 +165,15 @@ def run_up(
     announce: Callable[[str], None] = print,
     driver: Callable[[Settings, threading.Event], None] | None = None,
     duration_s: float | None = None,
+    options: AgentOptions | None = None,
 ) -> None:
-    """Collector + local agent until SIGINT/SIGTERM (or ``duration_s``); ``driver`` runs beside them (demo)."""
+    """Collector + local agent until SIGINT/SIGTERM (or ``duration_s``); ``driver`` runs beside them (demo);
+    ``options`` as for ``build_agent``."""
     stop = StopFlag()
     stop.install()
     collector = Collector(settings, migrate=True)
     collector.start()
-    parts = build_agent(replace(settings, collector_url=collector.url), simulate=simulate)
+    parts = build_agent(replace(settings, collector_url=collector.url), simulate=simulate, options=options)
     agent = parts.agent
     agent.start()
     gpus = [d for d in agent.sampler.devices.values() if d.kind == "gpu"]
@@ -214,11 +221,17 @@ def run_collector(settings: Settings, *, migrate: bool, announce: Callable[[str]
         collector.stop()
 
 
-def run_agent(settings: Settings, *, simulate: int = 0, announce: Callable[[str], None] = print) -> None:
-    """The per-host sidecar until SIGINT/SIGTERM."""
+def run_agent(
+    settings: Settings,
+    *,
+    simulate: int = 0,
+    announce: Callable[[str], None] = print,
+    options: AgentOptions | None = None,
+) -> None:
+    """The per-host sidecar until SIGINT/SIGTERM; ``options`` as for ``build_agent``."""
     stop = StopFlag()
     stop.install()
-    parts = build_agent(settings, simulate=simulate)
+    parts = build_agent(settings, simulate=simulate, options=options)
     parts.agent.start()
     announce(
         f"wattwatch agent: measuring {', '.join(parts.agent.sampler.devices) or 'nothing'}; "

@@ -180,6 +180,8 @@ class Agent:
         done = threading.Event()
         self._put(_Event("stop", self._clock(), done=done))
         done.wait(timeout=flush_timeout_s)
+        if self._settler is not None:
+            self._settler.close()  # already done by the stop event, unless the worker is stuck
         self.seal()
         deadline = time.monotonic() + flush_timeout_s
         while self.spool.pending() and time.monotonic() < deadline:

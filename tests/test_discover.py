@@ -211,6 +211,19 @@ def test_options_from_the_environment() -> None:
         ("vllm", "http://127.0.0.1:8000/metrics", "chat"),
         ("triton", "http://127.0.0.1:8002/metrics", None),
     ]
+    # Command-line values win over the environment; --scrape adds to WATTWATCH_SCRAPE.
+    flags = AgentOptions.from_env(
+        {"WATTWATCH_DISCOVER": "0", "WATTWATCH_SCRAPE": "triton:http://127.0.0.1:8002/metrics"},
+        scrape=["tgi:http://127.0.0.1:3000/metrics"],
+        kubelet_url="http://127.0.0.1:10255/pods",
+        proc_root="/host/proc",
+        discover=True,
+    )
+    assert flags.discover is True and flags.proc_root == Path("/host/proc")
+    assert [t.preset for t in flags.scrape] == ["triton", "tgi"]
+    assert flags.kubelet_url == "http://127.0.0.1:10255/pods" and flags.kubelet_token_file is None
+    with pytest.raises(ConfigError, match="not a URL"):
+        AgentOptions.from_env({}, kubelet_url="10.0.0.3:10250")
     with pytest.raises(ConfigError, match="WATTWATCH_DISCOVER"):
         AgentOptions.from_env({"WATTWATCH_DISCOVER": "maybe"})
     with pytest.raises(ConfigError, match="WATTWATCH_SCRAPE"):

@@ -1,7 +1,8 @@
 """Agent settings for job discovery and scraping, from ``WATTWATCH_*`` environment variables.
 
-They live here, beside the code that uses them, until ``config.Settings`` and the command line carry
-them; ``AgentOptions.from_env()`` is what ``wattwatch agent`` and ``wattwatch up`` read today.
+They live here, beside the code that uses them, until ``config.Settings`` carries them;
+``AgentOptions.from_env()`` is what ``wattwatch agent`` and ``wattwatch up`` read, and takes the
+command line's values on top.
 
     WATTWATCH_DISCOVER=0                 do not attribute untagged GPU processes (default: on)
     WATTWATCH_PROC_ROOT=/host/proc       where the host's /proc is (default /proc)
@@ -15,12 +16,12 @@ them; ``AgentOptions.from_env()`` is what ``wattwatch agent`` and ``wattwatch up
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from wattwatch.agent.kubelet import SERVICE_ACCOUNT_TOKEN
-from wattwatch.agent.scrape import ScrapeTarget, parse_targets
+from wattwatch.agent.scrape import ScrapeTarget, parse_target, parse_targets
 from wattwatch.errors import ConfigError
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -39,16 +40,25 @@ class AgentOptions:
     scrape: tuple[ScrapeTarget, ...] = ()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentOptions:
-        """Read the ``WATTWATCH_*`` variables above; raises ConfigError naming the bad one."""
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        scrape: Sequence[str] = (),
+        kubelet_url: str | None = None,
+        proc_root: str | None = None,
+        discover: bool | None = None,
+    ) -> AgentOptions:
+        """Read the ``WATTWATCH_*`` variables above, then apply command-line values (given ones win;
+        ``scrape`` specs are added to the variable's); raises ConfigError naming the bad value."""
         env = os.environ if env is None else env
-        kubelet_url = env.get("WATTWATCH_KUBELET_URL", "").strip()
-        if kubelet_url and not kubelet_url.startswith(("http://", "https://")):
-            raise ConfigError(f"WATTWATCH_KUBELET_URL {kubelet_url!r} is not a URL; e.g. https://$(NODE_IP):10250/pods")
+        url = (kubelet_url if kubelet_url is not None else env.get("WATTWATCH_KUBELET_URL", "")).strip()
+        if url and not url.startswith(("http://", "https://")):
+            raise ConfigError(f"kubelet URL {url!r} is not a URL; e.g. https://$(NODE_IP):10250/pods")
         token_file: Path | None = None
         if env.get("WATTWATCH_KUBELET_TOKEN_FILE"):
             token_file = Path(env["WATTWATCH_KUBELET_TOKEN_FILE"])
-        elif kubelet_url.startswith("https://") and SERVICE_ACCOUNT_TOKEN.exists():
+        elif url.startswith("https://") and SERVICE_ACCOUNT_TOKEN.exists():
             token_file = SERVICE_ACCOUNT_TOKEN
         verify: bool | str = True
         if env.get("WATTWATCH_KUBELET_CA_FILE"):
@@ -56,16 +66,17 @@ class AgentOptions:
         if _flag(env, "WATTWATCH_KUBELET_INSECURE", False):
             verify = False
         try:
-            scrape = parse_targets(env.get("WATTWATCH_SCRAPE", ""))
+            targets = parse_targets(env.get("WATTWATCH_SCRAPE", ""))
         except ConfigError as exc:
             raise ConfigError(f"WATTWATCH_SCRAPE: {exc}") from None
+        targets += tuple(parse_target(spec) for spec in scrape)
         return cls(
-            discover=_flag(env, "WATTWATCH_DISCOVER", True),
-            proc_root=Path(env.get("WATTWATCH_PROC_ROOT") or "/proc"),
-            kubelet_url=kubelet_url,
+            discover=_flag(env, "WATTWATCH_DISCOVER", True) if discover is None else discover,
+            proc_root=Path(proc_root or env.get("WATTWATCH_PROC_ROOT") or "/proc"),
+            kubelet_url=url,
             kubelet_token_file=token_file,
             kubelet_verify=verify,
-            scrape=scrape,
+            scrape=targets,
         )
 
 

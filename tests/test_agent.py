@@ -328,8 +328,7 @@ def test_span_buffer_keeps_spans_while_the_agent_is_away_and_delivers_them_later
     now = time.time()
     for _ in range(10):
         sdk.record_span("query", now - 0.5, now, job_id="late", client=client)
-    time.sleep(0.3)  # the sender tries, fails, backs off
-    assert client.spans.pending() == 10
+    wait_for(lambda: client.spans.failed_sends >= 1 and client.spans.pending() == 10)  # kept while sends fail
     agent, _ = make_agent(tmp_path)
     agent.start()
     try:

@@ -138,6 +138,7 @@ class SpanBuffer:
         self.flush_spans = flush_spans
         self.dropped = 0
         self.sent = 0
+        self.failed_sends = 0
         self._spans: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_spans)
         self._lock = threading.Lock()
         self._wake = threading.Event()  # enough spans for a message: send now
@@ -202,6 +203,7 @@ class SpanBuffer:
                     self.sent += len(batch)
                 except (OSError, ValueError) as exc:
                     with self._lock:
+                        self.failed_sends += 1
                         room = (self._spans.maxlen or 0) - len(self._spans)
                         keep = batch[-room:] if room > 0 else []
                         self.dropped += len(batch) - len(keep)

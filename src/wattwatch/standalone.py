@@ -88,7 +88,7 @@ def build_agent(
             raise ConfigError(f"--simulate takes 1 to 64 GPUs, got {simulate}")
         settings.home.mkdir(parents=True, exist_ok=True)
         fleet = SimulatedFleet(simulate, seed=seed, truth_path=settings.home / "simulated-gpus.jsonl")
-    found = discover(simulate_fleet=fleet)
+    found = discover(simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None)  # 0: look the TDP up
     agent = Agent(
         settings,
         found.sensors,

@@ -46,6 +46,8 @@ def test_every_command_has_help_with_an_example(command: list[str], capsys: pyte
         (["up", "--listen", "localhost"], "HOST:PORT"),
         (["up", "--simulate", "-1"], "--simulate"),
         (["agent", "--collector", "collector:8470"], "--collector"),
+        (["agent", "--scrape", "bogus"], "PRESET:URL"),
+        (["up", "--kubelet-url", "ftp://kubelet"], "not a URL"),
         (["bogus"], "invalid choice"),
     ],
 )

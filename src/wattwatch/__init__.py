@@ -1,17 +1,19 @@
 """wattwatch: energy and power measurement for AI workloads.
 
-The public SDK is two context managers that talk to the local agent:
+The public SDK is a few context managers that talk to the local agent:
 
     with wattwatch.job("llama-ft", kind="training"):
-        train()
+        for batch in loader:
+            with wattwatch.step():          # energy per training step (and wattwatch.epoch())
+                train_step(batch)
 
     with wattwatch.query(tokens_in=512, tokens_out=128):
         serve_one_request()
 
-Both are no-ops (with one warning) when no agent is reachable, and never block the workload.
+All are no-ops (with one warning) when no agent is reachable, and never block the workload.
 """
 
-from wattwatch.sdk import job, query
+from wattwatch.sdk import epoch, job, query, step
 
-__all__ = ["__version__", "job", "query"]
+__all__ = ["__version__", "epoch", "job", "query", "step"]
 __version__ = "0.1.0"

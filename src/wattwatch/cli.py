@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_listen(up)
     up.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
     up.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
+    _add_agent_options(up)
 
     demo = sub.add_parser(
         "demo",
@@ -101,13 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         "agent",
         help="the per-host sidecar that measures and pushes to a collector",
         formatter_class=_fmt(),
-        epilog="example:\n  wattwatch agent --collector http://collector:8470 --interval 1",
+        epilog="examples:\n  wattwatch agent --collector http://collector:8470 --interval 1\n"
+        "  wattwatch agent --collector http://collector:8470 --scrape vllm:http://127.0.0.1:8000/metrics\n"
+        "  wattwatch agent --collector http://collector:8470 --proc-root /host/proc --kubelet-url https://NODE:10250/pods",
     )
     ag.add_argument("--collector", metavar="URL", help="collector base URL (default http://127.0.0.1:8470)")
     ag.add_argument("--token", help="bearer token for the collector")
     ag.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
     ag.add_argument("--host", help="host name to report (default: this machine's)")
     ag.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
+    _add_agent_options(ag)
 
     run = sub.add_parser(
         "run",
@@ -162,6 +166,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
     return p
+
+
+def _add_agent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scrape",
+        action="append",
+        default=[],
+        metavar="PRESET:URL[#job=ID]",
+        help="count requests from a serving engine's metrics (presets: vllm, tgi, triton, sglang, custom); "
+        "repeatable, e.g. vllm:http://127.0.0.1:8000/metrics",
+    )
+    p.add_argument("--kubelet-url", metavar="URL", help="kubelet pods API for pod names, labels and annotations")
+    p.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc; /host/proc in a pod)")
+    p.add_argument("--no-discover", action="store_true", help="do not attribute untagged GPU processes to jobs")
+
+
+def _agent_options(args: argparse.Namespace) -> Any:
+    from wattwatch.agent.options import AgentOptions
+
+    return AgentOptions.from_env(
+        scrape=args.scrape,
+        kubelet_url=args.kubelet_url,
+        proc_root=args.proc_root,
+        discover=False if args.no_discover else None,
+    )
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -232,7 +261,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch.standalone import run_up
 
         _check_simulate(args.simulate)
-        run_up(settings, simulate=args.simulate)
+        run_up(settings, simulate=args.simulate, options=_agent_options(args))
         return 0
     if cmd == "demo":
         return _demo(args, settings)
@@ -245,7 +274,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch.standalone import run_agent
 
         _check_simulate(args.simulate)
-        run_agent(settings, simulate=args.simulate)
+        run_agent(settings, simulate=args.simulate, options=_agent_options(args))
         return 0
     if cmd == "run":
         return _run(args, settings)
@@ -327,6 +356,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                 "labels": labels,
                 "pid": os.getpid(),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "via": "run",
             }
         )
         if reply.get("ok"):

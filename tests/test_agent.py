@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 import threading
 import time
 import warnings
@@ -14,12 +16,13 @@ import pytest
 import wattwatch
 from wattwatch import wire
 from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
-from wattwatch.agent.runner import Agent
+from wattwatch.agent.runner import Agent, tick_interval_s
 from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.sdk import AgentClient
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
+from wattwatch.sensors.rapl import RaplSensor
 
 
 class LinearSensor:
@@ -257,9 +260,9 @@ class CountingAgent(Agent):
 
     ops: list[str]
 
-    def handle(self, msg: dict[str, object]) -> dict[str, object]:  # type: ignore[override]
+    def handle(self, msg: dict[str, object]) -> dict[str, object]:
         self.ops = [*getattr(self, "ops", []), str(msg.get("op"))]
-        return super().handle(msg)  # type: ignore[arg-type]
+        return super().handle(msg)
 
 
 def test_queries_op_keeps_good_spans_and_names_the_bad_ones(tmp_path: Path) -> None:
@@ -361,3 +364,31 @@ def test_cpu_meter_reads_job_trees_from_proc(tmp_path: Path) -> None:
     assert meter.shares([job], 1.0) == ({}, 8.0)
     # torchrun (4200) and its rank (4242): own time plus reaped children's, from the fixture stat files.
     assert meter._job_cpu_s(job) == pytest.approx((500 + 100) / 100 + (9000 + 1200 + 300 + 40) / 100)
+
+
+def test_the_tick_is_clamped_to_the_rapl_wrap_limit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from test_rapl import FIXTURE, small_range_package
+
+    root = tmp_path / "powercap"
+    shutil.copytree(FIXTURE, root)
+    # 100 J at 250 W: package 0 wraps every 0.4 s, so it must be read every 0.2 s, not every 60 s.
+    small_range_package(root, 100_000_000, max_power_w=250.0)
+    rapl = RaplSensor(root)
+    settings = replace(Settings(home=tmp_path), collector_url="http://127.0.0.1:9", interval_s=60.0)
+    with caplog.at_level(logging.INFO, logger="wattwatch.agent.runner"):
+        agent = Agent(settings, [rapl], serve_socket=False)
+    assert agent.interval_s == pytest.approx(0.2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "rapl cpu0 wraps every 0.4 s at full power; ticking every 0.2 s instead of every 60 s"
+    ]
+    assert tick_interval_s(0.1, [rapl]) == 0.1  # already often enough
+    agent.start()
+    try:
+
+        def ticks() -> list[float]:
+            return [iv.t_end_s - iv.t_start_s for b in drain(agent) for iv in b.intervals if iv.device == "cpu0"]
+
+        wait_for(lambda: len(ticks()) >= 3)
+        assert max(ticks()[:3]) < 0.5, ticks()
+    finally:
+        agent.stop(flush_timeout_s=0.2)

@@ -65,6 +65,28 @@ class _Event:
     done: threading.Event | None = None
 
 
+def tick_interval_s(interval_s: float, sensors: Sequence[Sensor]) -> float:
+    """The agent's tick: ``interval_s``, shortened to the smallest ``max_poll_interval_s`` of the sensors
+    that have one (RAPL: a counter that wraps twice between two reads loses whole ranges of energy);
+    says so once, at INFO."""
+    tick_s, why = interval_s, ""
+    for sensor in sensors:
+        limit_s = getattr(sensor, "max_poll_interval_s", None)
+        if not isinstance(limit_s, int | float) or not 0 < limit_s < tick_s:
+            continue
+        tick_s = float(limit_s)
+        periods = getattr(sensor, "wrap_periods_s", None)
+        wraps = periods() if callable(periods) else {}
+        if wraps:
+            key = min(wraps, key=wraps.__getitem__)
+            why = f"{sensor.name} {key} wraps every {wraps[key]:.1f} s at full power"
+        else:
+            why = f"{sensor.name} must be read at least every {tick_s:.1f} s"
+    if why:
+        log.info("%s; ticking every %.1f s instead of every %g s", why, tick_s, interval_s)
+    return tick_s
+
+
 class Agent:
     """One host's agent. ``start()`` it, then ``stop()`` it (flushes everything it measured).
 
@@ -92,6 +114,7 @@ class Agent:
         self.options = options or AgentOptions()
         self.host = settings.host or socket.gethostname()
         self.sampler = Sampler(sensors)
+        self.interval_s = tick_interval_s(settings.interval_s, self.sampler.sensors)
         self.registry = JobRegistry()
         self.spool = Spool(settings.home / "spool.db")
         agent_id = self.spool.meta("agent_id")
@@ -152,7 +175,7 @@ class Agent:
         self.sampler.sample(self._shares)  # baseline: intervals start here
         self._worker.start()
         every = {"trigger": "interval", "max_instances": 1, "coalesce": True}
-        self._scheduler.add_job(self._enqueue_tick, seconds=self.settings.interval_s, id="tick", **every)
+        self._scheduler.add_job(self._enqueue_tick, seconds=self.interval_s, id="tick", **every)
         self._scheduler.add_job(self.flush, seconds=self.settings.push_interval_s, id="push", **every)
         if self.scraper is not None:
             # Off the worker thread: a slow metrics endpoint must never delay a reading.

@@ -335,6 +335,26 @@ def test_queries_and_sources(db_engine: Engine) -> None:
         repository.add_queries(db_engine, "srv", [wire.Query(job="other", t_start_s=T0, t_end_s=T0)])
 
 
+def test_a_device_the_job_drew_nothing_from_is_not_listed_nor_its_source(db_engine: Engine) -> None:
+    # The job held the GPU but used no CPU time: its share of the estimated CPU package is 0 J.
+    repository.ingest_batch(
+        db_engine,
+        batch(
+            1,
+            intervals=[
+                iv("gpu0", T0, 300.0, {"j": 1.0}),
+                iv("cpu0", T0, 15.0, {"j": 0.0}, idle_weight=2.0, source="estimate"),
+            ],
+        ),
+        received_at_s=T0 + 1,
+    )
+    job = repository.get_job(db_engine, "j", now_s=T0 + 2)
+    assert job is not None
+    assert job["devices"] == ["h1/gpu0"]
+    assert job["sources"] == ["counter"]
+    assert job["cpu_energy_j"] == 0.0
+
+
 # --- reports ----------------------------------------------------------------------------------------
 
 

@@ -98,8 +98,11 @@ def _job_entries(
         h["energy_j"] += energy_j
         by_kind = per_job_kind.setdefault(job_id, dict.fromkeys(DEVICE_KINDS, 0.0))
         by_kind[kind] = by_kind.get(kind, 0.0) + energy_j
-        per_job_devices.setdefault(job_id, set()).add(f"{host}/{key}")
-        per_job_sources.setdefault(job_id, set()).update(s for s in sources.split(",") if s)
+        # A device the job held no energy of (a CPU package while it only waited on the GPU) is not
+        # one of its devices, and its source (often "estimate") is not one of the job's sources.
+        if energy_j > 0.0:
+            per_job_devices.setdefault(job_id, set()).add(f"{host}/{key}")
+            per_job_sources.setdefault(job_id, set()).update(s for s in sources.split(",") if s)
     for job_id, host, peak_power_w in host_rows:
         h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
         h["peak_power_w"] = peak_power_w

@@ -58,7 +58,7 @@ class WorkloadHook(Protocol):
 
 @dataclass
 class _Event:
-    kind: str  # tick | start | end | stop
+    kind: str  # tick | fine | start | end | stop
     t_s: float
     job: ActiveJob | None = None
     job_id: str = ""
@@ -94,6 +94,11 @@ class Agent:
     process, discovering untagged ones (``options.discover``) and splitting a shared GPU by SM
     utilisation when it offers ``process_utilization``. ``procfs`` and ``pods`` default to what
     ``options`` names (``/proc``, the kubelet URL).
+
+    While jobs send query spans, intervals close every ``fine_interval_s`` (default
+    ``options.fine_interval_s``; 0: off) until ``options.fine_tick_hold_s`` after the last one: a fine tick
+    only reads the sensors and closes intervals (no process tracking), so per-query energy sees the
+    power's shape within the normal tick.
     """
 
     def __init__(
@@ -109,12 +114,17 @@ class Agent:
         options: AgentOptions | None = None,
         procfs: ProcFs | None = None,
         pods: PodLookup | None = None,
+        fine_interval_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.options = options or AgentOptions()
         self.host = settings.host or socket.gethostname()
         self.sampler = Sampler(sensors)
         self.interval_s = tick_interval_s(settings.interval_s, self.sampler.sensors)
+        fine_s = self.options.fine_interval_s if fine_interval_s is None else fine_interval_s
+        # Off when it would not be finer than the normal tick.
+        self.fine_interval_s = fine_s if 0 < fine_s < self.interval_s else 0.0
+        self.fine_tick_hold_s = self.options.fine_tick_hold_s
         self.registry = JobRegistry()
         self.spool = Spool(settings.home / "spool.db")
         agent_id = self.spool.meta("agent_id")
@@ -164,6 +174,13 @@ class Agent:
             self._settler = ShareSettler(self.tracker.weigh, lambda ivs: self.outbox.add(intervals=ivs))
         self._to_weigh: dict[str, tuple[str, ...]] = {}  # GPUs closed this sample with several holders
         self._worker = threading.Thread(target=self._work, name="wattwatch-sampler", daemon=True)
+        self._fine_until = 0.0  # time.monotonic() until which intervals close every fine_interval_s
+        self._fine_wake = threading.Event()
+        self._fine_halt = threading.Event()
+        self._fine_queued = False  # one fine tick at a time: a slow read skips ticks instead of piling them up
+        self._fine_thread: threading.Thread | None = None
+        if self.fine_interval_s:
+            self._fine_thread = threading.Thread(target=self._fine_ticks, name="wattwatch-fine-tick", daemon=True)
         self._scheduler = BackgroundScheduler(daemon=True)
         self._api = LocalApi(settings.socket_path, self.handle) if serve_socket else None
         self._stopped = False
@@ -174,6 +191,8 @@ class Agent:
         """Take the first reading, start the worker, the schedule and the local API."""
         self.sampler.sample(self._shares)  # baseline: intervals start here
         self._worker.start()
+        if self._fine_thread is not None:
+            self._fine_thread.start()
         every = {"trigger": "interval", "max_instances": 1, "coalesce": True}
         self._scheduler.add_job(self._enqueue_tick, seconds=self.interval_s, id="tick", **every)
         self._scheduler.add_job(self.flush, seconds=self.settings.push_interval_s, id="push", **every)
@@ -200,6 +219,10 @@ class Agent:
         if self._api is not None:
             self._api.stop()
         self._scheduler.shutdown(wait=True)
+        self._fine_halt.set()
+        self._fine_wake.set()
+        if self._fine_thread is not None and self._fine_thread.is_alive():
+            self._fine_thread.join(timeout=2.0)
         done = threading.Event()
         self._put(_Event("stop", self._clock(), done=done))
         done.wait(timeout=flush_timeout_s)
@@ -268,8 +291,17 @@ class Agent:
         return {"ok": True, "id": job_id, "t_s": t_s}
 
     def add_spans(self, spans: Sequence[wire.Query]) -> None:
-        """Queue request, step or epoch spans for the next batch."""
+        """Queue request, step or epoch spans for the next batch; request spans start (or extend) the
+        fine tick."""
         self.outbox.add(queries=spans)
+        if self._fine_thread is not None and any(s.kind == "query" for s in spans):
+            self._fine_until = time.monotonic() + self.fine_tick_hold_s
+            self._fine_wake.set()
+
+    @property
+    def fine_ticking(self) -> bool:
+        """Whether intervals close every ``fine_interval_s`` now (query spans arrived lately)."""
+        return self._fine_thread is not None and time.monotonic() < self._fine_until
 
     def jobs(self) -> list[dict[str, Any]]:
         """The active jobs, their devices and why the agent attributes them (the ``jobs`` op)."""
@@ -306,6 +338,22 @@ class Agent:
     def _enqueue_tick(self) -> None:
         self._put(_Event("tick", 0.0))
 
+    def _fine_ticks(self) -> None:
+        # Sleeps until spans arrive; then enqueues a fine tick every fine_interval_s (on a fixed grid, so
+        # a late wake-up does not stretch the next interval) until the hold runs out.
+        period_s = self.fine_interval_s
+        while not self._fine_halt.is_set():
+            self._fine_wake.wait()
+            self._fine_wake.clear()
+            next_s = time.monotonic()
+            while time.monotonic() < self._fine_until:
+                next_s = max(next_s + period_s, time.monotonic() - period_s)
+                if self._fine_halt.wait(max(0.0, next_s - time.monotonic())):
+                    return
+                if not self._fine_queued:
+                    self._fine_queued = True
+                    self._put(_Event("fine", 0.0))
+
     def tick(self, wait_s: float = 10.0) -> bool:
         """Do now what the schedule does every interval (read, follow the GPUs' processes) and wait at
         most ``wait_s`` for it; True when it was done."""
@@ -317,10 +365,15 @@ class Agent:
         while True:
             event = self._events.get()
             try:
-                self._process(event)
+                # A fine tick with events queued behind it is dropped: read now, it would land after their
+                # boundaries and move them onto its own (counter-stale) reading; the next one comes soon.
+                if event.kind != "fine" or self._events.empty():
+                    self._process(event)
             except Exception:
                 log.exception("agent worker failed on a %s event; continuing", event.kind)
             finally:
+                if event.kind == "fine":
+                    self._fine_queued = False
                 if event.done is not None:
                     event.done.set()
             if event.kind == "stop":

@@ -176,7 +176,7 @@ def test_weights_are_never_negative_and_the_split_conserves_energy(
     holders: list[str], owners: dict[int, str], util: dict[int, float], energy_j: float
 ) -> None:
     tracker = ProcessTracker(
-        JobRegistry(), ProcFs(), None, NoProcesses(), ["gpu0"], utilization=lambda key, since_s: util
+        JobRegistry(), ProcFs(), None, NoProcesses(), ["gpu0"], utilization=lambda key, since_s, until_s: util
     )
     weights = tracker.weigh("gpu0", 0.0, holders, owners)
     assert set(weights) == set(holders)
@@ -193,3 +193,52 @@ def test_weights_are_never_negative_and_the_split_conserves_energy(
 class NoProcesses:
     def running_pids(self, key: str) -> set[int]:
         return set()
+
+
+class Clock:
+    def __init__(self, t_s: float) -> None:
+        self.t_s = t_s
+
+    def __call__(self) -> float:
+        return self.t_s
+
+
+@pytest.mark.parametrize("window", [(0.3, 2.3), (0.5, 1.5), (0.9, 1.1)])
+def test_a_process_idle_for_part_of_the_interval_weighs_only_its_busy_part(window: tuple[float, float]) -> None:
+    """NVML lists a process only in the samples where it was busy: B, busy at 40 % until T0 + 1 s and
+    then idle, must not be averaged over its busy samples alone (40 %: 40 % of the split instead of
+    25 % over (0.5, 1.5)); and windows down to 0.2 s, near NVML's 1/6 s grid."""
+    t0 = 1_700_000_000.0
+    clock = Clock(t0)
+    fleet = SimulatedFleet(1, clock=clock)
+    fleet.set_activity(0, "training", t0)
+    fleet.set_process_utilization(0, 10, 60.0, t0)
+    fleet.set_process_utilization(0, 11, 40.0, t0)
+    fleet.set_process_utilization(0, 11, 0.0, t0 + 1.0)
+    clock.t_s = t0 + 3.0
+    sensor = NvmlSensor(fleet.module(), clock=clock)
+    since_s, until_s = t0 + window[0], t0 + window[1]
+    board = fleet.board(0)
+    truth = {pid: board.mean_process_util(pid, since_s, until_s) for pid in (10, 11)}
+    # The instantaneous truth agrees with the board's mean.
+    assert truth[11] == pytest.approx(
+        sum(
+            fleet.process_utilization(0, 11, since_s + (k + 0.5) * 1e-3)
+            for k in range(round((until_s - since_s) * 1e3))
+        )
+        / round((until_s - since_s) * 1e3),
+        abs=0.1,
+    )
+    # Samples weigh by their overlap with the window: its edges are resolved finer than the 1/6 s grid.
+    util = sensor.process_utilization("gpu0", since_s, until_s)
+    assert util[10] == pytest.approx(60.0, abs=0.5)
+    assert util[11] == pytest.approx(truth[11], abs=1.0)
+    tracker = ProcessTracker(
+        JobRegistry(), ProcFs(), None, NoProcesses(), ["gpu0"], utilization=sensor.process_utilization
+    )
+    weights = tracker.weigh("gpu0", since_s, ["a", "b"], {10: "a", 11: "b"}, until_s)
+    share_b = 100 * weights["b"] / (weights["a"] + weights["b"])
+    truth_b = 100 * truth[11] / (truth[10] + truth[11])
+    print(f"\nwindow {window}: B's share {share_b:.1f} % vs truth {truth_b:.1f} %")
+    assert share_b == pytest.approx(truth_b, abs=2.0)
+    sensor.close()

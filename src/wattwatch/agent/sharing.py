@@ -1,11 +1,12 @@
 """Weights for a GPU several jobs share, settled a moment after the interval closes.
 
 NVML samples per-process SM utilisation about six times a second, and each sample describes the period
-before its timestamp. Asked at the tick, "since the interval began" returns samples that cover the
-interval shifted back by half a sampling period on average, so a job whose load just rose is weighed
-with its old load. The settler holds such intervals for ``lag_s`` (half a sampling period) and then asks
-for the samples stamped in ``(t_start + lag, t_end + lag]``, which centres the samples on the interval.
-Intervals with one holder, or without utilisation, never wait.
+before its timestamp: the samples covering the end of an interval arrive up to a sampling period after
+it closes, so a job whose load just rose would be weighed with its old load if asked at the tick. The
+settler holds such intervals for ``lag_s`` (one sampling period) and then asks for the utilisation over
+exactly ``(t_start, t_end]`` (``NvmlSensor.process_utilization`` weighs each sample by its overlap with
+the window and counts a process missing from a sample as idle in it). Intervals with one holder, or
+without utilisation, never wait.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from wattwatch import wire
 log = logging.getLogger(__name__)
 
 NVML_SAMPLE_PERIOD_S = 1.0 / 6.0
-DEFAULT_LAG_S = NVML_SAMPLE_PERIOD_S / 2
+DEFAULT_LAG_S = NVML_SAMPLE_PERIOD_S
 
-# (device key, since_s, holders, pid -> job as of the interval) -> weights
-WeighFn = Callable[[str, float, Sequence[str], Mapping[int, str]], dict[str, float]]
+# (device key, since_s, holders, pid -> job as of the interval, until_s) -> weights
+WeighFn = Callable[[str, float, Sequence[str], Mapping[int, str], float], dict[str, float]]
 
 
 @dataclass(order=True)
@@ -106,7 +107,7 @@ class ShareSettler:
         for h in held:
             iv = h.interval
             try:
-                iv.shares = self._weigh(iv.device, iv.t_start_s + self.lag_s, h.holders, h.owners)
+                iv.shares = self._weigh(iv.device, iv.t_start_s, h.holders, h.owners, iv.t_end_s)
             except Exception:  # keep the equal split rather than lose the interval
                 log.exception("weighing %s's interval failed; it is split equally", iv.device)
         self._release([h.interval for h in held])

@@ -32,7 +32,8 @@ class GpuProcesses(Protocol):
         ...
 
 
-UtilizationFn = Callable[[str, float], Mapping[int, float]]
+# (GPU key, since_s, until_s) -> pid -> mean SM utilisation over the samples in (since_s, until_s]
+UtilizationFn = Callable[[str, float, float | None], Mapping[int, float]]
 
 
 @dataclass
@@ -219,14 +220,19 @@ class ProcessTracker:
         return self._owners
 
     def weigh(
-        self, key: str, since_s: float, holders: Sequence[str], owners: Mapping[int, str] | None = None
+        self,
+        key: str,
+        since_s: float,
+        holders: Sequence[str],
+        owners: Mapping[int, str] | None = None,
+        until_s: float | None = None,
     ) -> dict[str, float]:
         """Weights of the jobs holding GPU ``key``: the summed SM utilisation of each job's processes in
-        NVML's samples since ``since_s``; equal weights when NVML has none."""
+        NVML's samples in ``(since_s, until_s]`` (None: up to now); equal weights when NVML has none."""
         if len(holders) <= 1 or self._utilization is None:
             return dict.fromkeys(holders, 1.0)
         try:
-            util = self._utilization(key, since_s)
+            util = self._utilization(key, since_s, until_s)
         except SensorError as exc:
             log.debug("no process utilisation for %s: %s", key, exc)
             util = {}

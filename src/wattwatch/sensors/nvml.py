@@ -12,6 +12,7 @@ translated once, in ``nvml_errors``; ``CUDA_VISIBLE_DEVICES`` is resolved in ``v
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -32,6 +33,7 @@ __all__ = [
     "NO_DRIVER",
     "NO_DRIVER_FIX",
     "POWER_SAMPLE_INTERVAL_S",
+    "PROCESS_SAMPLE_PERIOD_S",
     "GpuCapabilities",
     "NvmlSensor",
     "jittered_interval_s",
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # Integrator pace for GPUs without an energy counter (see NvmlSensor).
 POWER_SAMPLE_INTERVAL_S = 0.01
+# NVML samples per-process utilisation about six times a second.
+PROCESS_SAMPLE_PERIOD_S = 1.0 / 6.0
 
 
 def jittered_interval_s(mean_s: float, rng: random.Random) -> float:
@@ -478,8 +482,15 @@ class NvmlSensor:
                 return set()
         return {int(p.pid) for p in procs}
 
-    def process_utilization(self, key: str, since_s: float) -> dict[int, float]:
-        """Mean SM utilisation (percent, 0-100) per pid on GPU ``key`` over NVML's samples since ``since_s``.
+    def process_utilization(self, key: str, since_s: float, until_s: float | None = None) -> dict[int, float]:
+        """Mean SM utilisation (percent, 0-100) per pid on GPU ``key`` over ``(since_s, until_s]`` (None: now).
+
+        Each NVML sample is a process's mean over the ``PROCESS_SAMPLE_PERIOD_S`` before its stamp; a
+        sample counts by how much of its period lies in the window, so the edges are resolved finer than
+        the sampling grid (the samples covering ``until_s`` arrive up to one period later). NVML lists a
+        process only in the samples where it was busy: a sample without a pid counts as 0 % for it, every
+        pid being averaged over the same samples (those returned, or the grid through them if that has
+        more), so a process idle for part of the window is not weighed as if busy throughout.
 
         For sharing a GPU among the jobs on it. Empty when NVML has no sample since then (an idle GPU),
         does not support per-process utilisation (e.g. some vGPU/MIG setups), or the GPU is lost: the
@@ -503,12 +514,35 @@ class NvmlSensor:
             except SensorError as exc:
                 self._warn_once(dev, exc)
                 return {}
-        per_pid: dict[int, list[float]] = {}
+            now_s = self._clock()
+        until = now_s if until_s is None else until_s
+        period_s = PROCESS_SAMPLE_PERIOD_S
+
+        def weight(stamp_s: float) -> float:  # the part of the sample's period inside the window
+            return max(0.0, min(stamp_s, until) - max(stamp_s - period_s, since_s)) / period_s
+
+        per_pid: dict[int, float] = {}
+        stamps: dict[int, float] = {}
         for sample in samples:
             # NVML may hand back older entries from its buffer; only the window asked for counts.
-            if int(sample.timeStamp) > since_us:
-                per_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
-        return {pid: sum(values) / len(values) for pid, values in per_pid.items()}
+            stamp_us = int(sample.timeStamp)
+            w = weight(stamp_us / 1e6)
+            if stamp_us <= since_us or w <= 0.0:
+                continue
+            stamps[stamp_us] = w
+            per_pid[int(sample.pid)] = per_pid.get(int(sample.pid), 0.0) + w * float(sample.smUtil)
+        if not stamps:
+            return {}
+        # Instants where no process was busy are missing altogether: add up the grid through a sample,
+        # as far as NVML can have sampled it.
+        first_s = min(stamps) / 1e6
+        k = math.floor((since_s - first_s) / period_s)
+        grid_w = 0.0
+        while (g := first_s + k * period_s) <= min(until + period_s, now_s):
+            grid_w += weight(g)
+            k += 1
+        total_w = max(sum(stamps.values()), grid_w)
+        return {pid: value / total_w for pid, value in per_pid.items()}
 
     def close(self) -> None:
         """Stop the power integrator and shut NVML down; idempotent."""

@@ -48,6 +48,7 @@ def test_every_command_has_help_with_an_example(command: list[str], capsys: pyte
         (["agent", "--collector", "collector:8470"], "--collector"),
         (["agent", "--scrape", "bogus"], "PRESET:URL"),
         (["up", "--kubelet-url", "ftp://kubelet"], "not a URL"),
+        (["agent", "--fine-interval", "-1"], "fine tick"),
         (["bogus"], "invalid choice"),
     ],
 )

@@ -180,6 +180,12 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubelet-url", metavar="URL", help="kubelet pods API for pod names, labels and annotations")
     p.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc; /host/proc in a pod)")
     p.add_argument("--no-discover", action="store_true", help="do not attribute untagged GPU processes to jobs")
+    p.add_argument(
+        "--fine-interval",
+        type=float,
+        metavar="S",
+        help="interval length while inference requests flow, for per-query energy (default 0.1; 0: off)",
+    )
 
 
 def _agent_options(args: argparse.Namespace) -> Any:
@@ -190,6 +196,7 @@ def _agent_options(args: argparse.Namespace) -> Any:
         kubelet_url=args.kubelet_url,
         proc_root=args.proc_root,
         discover=False if args.no_discover else None,
+        fine_interval_s=args.fine_interval,
     )
 
 

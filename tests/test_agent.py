@@ -392,3 +392,29 @@ def test_the_tick_is_clamped_to_the_rapl_wrap_limit(tmp_path: Path, caplog: pyte
         assert max(ticks()[:3]) < 0.5, ticks()
     finally:
         agent.stop(flush_timeout_s=0.2)
+
+
+def test_queries_on_worker_threads_belong_to_the_job_the_main_thread_opened(tmp_path: Path) -> None:
+    import wattwatch.sdk as sdk
+
+    agent, _ = make_agent(tmp_path)
+    agent.start()
+    try:
+        client = AgentClient(agent.settings.socket_path)
+        done: list[str] = []
+
+        def handle_request() -> None:
+            with wattwatch.query(tokens_in=1, tokens_out=2, client=client):
+                done.append("served")
+
+        with wattwatch.job("srv", kind="inference", job_id="srv-1", client=client):
+            worker = threading.Thread(target=handle_request)  # starts with an empty context
+            worker.start()
+            worker.join(timeout=10)
+        assert done == ["served"]
+        assert sdk._open_jobs == []
+        wait_for(lambda: agent.registry.get("srv-1") is None)
+        batches = drain(agent)
+    finally:
+        agent.stop(flush_timeout_s=0.5)
+    assert [(q.job, q.tokens_out) for b in batches for q in b.queries] == [("srv-1", 2)]

@@ -30,6 +30,11 @@ from typing import Any, Literal
 from wattwatch.config import default_home
 
 _current_job: ContextVar[str | None] = ContextVar("wattwatch_job", default=None)
+# Jobs open in this process, newest last. New threads start with an empty context, so a request
+# handled on a server's worker thread would not see the job() its main thread opened; it falls back
+# to the newest job open in the process.
+_open_jobs: list[str] = []
+_open_jobs_lock = threading.Lock()
 
 CONNECT_TIMEOUT_S = 0.5
 FLUSH_INTERVAL_S = 0.1
@@ -332,11 +337,20 @@ def job(
     """
     handle = start_job(name, kind, labels=labels, job_id=job_id, client=client)
     token = _current_job.set(handle.id)
+    with _open_jobs_lock:
+        _open_jobs.append(handle.id)
     try:
         yield handle.id
     finally:
         _current_job.reset(token)
+        with _open_jobs_lock:
+            _open_jobs.remove(handle.id)
         handle.end()
+
+
+def _newest_open_job() -> str | None:
+    with _open_jobs_lock:
+        return _open_jobs[-1] if _open_jobs else None
 
 
 def record_span(
@@ -351,7 +365,7 @@ def record_span(
 ) -> None:
     """Queue one finished span (Unix seconds) for the current job; never blocks, never raises."""
     try:
-        jid = job_id or _current_job.get() or os.environ.get("WATTWATCH_JOB")
+        jid = job_id or _current_job.get() or _newest_open_job() or os.environ.get("WATTWATCH_JOB")
         if jid is None:
             _warn_once(f"wattwatch.{kind}() outside any job; wrap the code in wattwatch.job() or `wattwatch run`")
             return

@@ -300,8 +300,8 @@ def test_a_vllm_server_nobody_tagged_gets_energy_per_query_from_its_counters(tmp
         engine.dispose()
     (entry,) = report["jobs"]
     assert (entry["query_method"], entry["queries"], entry["tokens"]) == ("counts", 18, 18 * 130)
-    # The windows' energy is what the counter measured between the first and last window edge.
-    windows_j = fleet.exact_energy_j(0, fleet.last_update_s(0, first_s), fleet.last_update_s(0, last_s))
+    # The windows' energy is the energy between the first and last window edge (tick readings).
+    windows_j = fleet.exact_energy_j(0, first_s, last_s)
     print(f"\n{entry['energy_per_query_j']:.2f} J/query vs exact {windows_j / 18:.2f} J/query")
     assert entry["energy_per_query_j"] == pytest.approx(windows_j / 18, rel=0.02)
     assert entry["energy_per_query_j"] * 18 + entry["waiting_energy_j"] == pytest.approx(entry["energy_j"], rel=1e-9)

@@ -5,7 +5,9 @@ It only refreshes every ~100 ms, so a boundary read (``read_at``) polls until th
 subtracts the energy drawn between the boundary and that update, estimated from the power sampled
 while polling (``nvml_boundary``: integrated when the instant power is live, split as a step when the
 reading only changes with the counter, as on part-time-sampled boards). Devices without the counter
-are integrated from ``NVML_FI_DEV_POWER_INSTANT`` by a background thread. NVML's errors are
+are integrated from ``NVML_FI_DEV_POWER_INSTANT`` by a background thread. Tick reads (``read``) add
+the energy since the counter's last update, from the instant power and the update phase learned from
+the counter changes that polling sees (a calibration poll at start, every boundary read). NVML's errors are
 translated once, in ``nvml_errors``; ``CUDA_VISIBLE_DEVICES`` is resolved in ``visible``.
 """
 
@@ -48,6 +50,13 @@ log = logging.getLogger(__name__)
 POWER_SAMPLE_INTERVAL_S = 0.01
 # NVML samples per-process utilisation about six times a second.
 PROCESS_SAMPLE_PERIOD_S = 1.0 / 6.0
+# Learning each counter's update phase (see NvmlSensor.read): the longest calibration poll, the slack
+# added around an observed change (NVML call latency, per-device order in a poll loop), the widest
+# phase bracket trusted, and how long a phase is trusted without a fresh observation of an update.
+PHASE_CALIBRATION_S = 0.25
+PHASE_SLACK_S = 0.0005
+PHASE_MAX_WIDTH_S = 0.01
+PHASE_MAX_AGE_S = 60.0
 
 
 def jittered_interval_s(mean_s: float, rng: random.Random) -> float:
@@ -97,6 +106,12 @@ class _Device:
     instant_live: bool = False
     instant_held: bool = False
     pending_flags: set[str] = field(default_factory=set)
+    # The counter's update phase: one update instant lies in (phase_lo, phase_hi], the others on the
+    # update-period grid through it. None: not known (calibrate). phase_seen_s: when last confirmed.
+    phase_lo: float | None = None
+    phase_hi: float = 0.0
+    phase_seen_s: float = -math.inf
+    phase_tried_s: float = -math.inf  # last calibration attempt (a failed one is not retried at once)
 
     @property
     def cumulative_j(self) -> float:
@@ -158,6 +173,7 @@ class NvmlSensor:
             self._shutdown()
             raise
         self._devices = {d.info.key: d for d in devices}
+        self._calibrate([d for d in devices if d.has_counter and d.has_instant])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if power_sample_interval_s is not None and any(not d.has_counter for d in devices):
@@ -344,16 +360,36 @@ class NvmlSensor:
         ]
 
     def read(self) -> list[EnergyReading]:
-        """Cumulative J per live GPU, now. The counter value is as of its last (<= 100 ms old) update."""
+        """Cumulative J per live GPU, now (each reading stamped when it was taken).
+
+        The counter only refreshes every update period, so its value is as of its last update ``t_u``,
+        up to 100 ms before the read. Where the counter's update phase is known (learned by a short
+        calibration poll at start and from every change that ``read_at``'s polling sees) and instant
+        power answers, the read adds what was drawn since: ``E(t_u) + P_instant x (now - t_u)``; a
+        read too close to a predicted update to tell which side of it the counter is waits until past
+        it (a few ms). A read that contradicts the phase drops it (recalibrated at the next read);
+        without it, or without instant power, the counter's value is returned as of the read. On
+        part-time boards the instant reading is held (the sampled end of the last period): it still
+        extrapolates the gap better than leaving it out (median interval error 0.5 % vs 1.9 %).
+        """
         out: list[EnergyReading] = []
         with self._lock:
+            now_s = self._clock()
+            self._calibrate(
+                [
+                    d
+                    for d in self._live()
+                    if d.has_counter
+                    and d.has_instant
+                    and not self._phase_trusted(d, now_s)
+                    and now_s - d.phase_tried_s >= PHASE_MAX_AGE_S
+                ]
+            )
             for dev in self._live():
                 try:
                     if dev.has_counter:
-                        raw_mj = self._counter_mj(dev)
-                        t_s = self._clock()
-                        self._observe(dev, raw_mj, t_s)
-                        out.append(self._emit(dev, t_s, dev.cumulative_j))
+                        t_s, energy_j = self._tick_counter(dev)
+                        out.append(self._emit(dev, t_s, energy_j))
                     else:
                         self._sample_power(dev)
                         assert dev.power_t_s is not None
@@ -363,6 +399,118 @@ class NvmlSensor:
                 except SensorError as exc:
                     self._warn_once(dev, exc)
         return out
+
+    def _tick_counter(self, dev: _Device) -> tuple[float, float]:
+        """(t_s, E(t_s)) for a tick read of a counter device (see ``read``)."""
+        prev_raw, prev_t_s = dev.raw_mj, dev.raw_t_s
+        raw_mj = self._counter_mj(dev)
+        t_s = self._clock()
+        if not (dev.has_instant and self._phase_trusted(dev, t_s)):
+            self._observe(dev, raw_mj, t_s)
+            return t_s, dev.cumulative_j
+        wait_s = self._ambiguous_for(dev, t_s)
+        if wait_s > 0.0:
+            # Too close to an update to tell whether the counter has it: read again once past it.
+            self._sleep(wait_s)
+            raw_mj = self._counter_mj(dev)
+            t_s = self._clock()
+        power_w = self._instant_power_w(dev)
+        if prev_raw is not None and not self._phase_consistent(dev, raw_mj != prev_raw, prev_t_s, t_s):
+            log.debug("%s: the counter's update phase no longer fits its reads; relearning it", dev.info.key)
+            dev.phase_lo, dev.phase_tried_s = None, -math.inf
+            self._observe(dev, raw_mj, t_s)
+            return t_s, dev.cumulative_j
+        self._observe(dev, raw_mj, t_s)
+        t_u = self._last_update_s(dev, t_s)
+        since_s = min(max(0.0, t_s - t_u), self.update_period_s)
+        return t_s, dev.cumulative_j + power_w * since_s
+
+    # -- the counter's update phase -------------------------------------------------------------------
+
+    def _phase_trusted(self, dev: _Device, now_s: float) -> bool:
+        return (
+            dev.phase_lo is not None
+            and dev.phase_hi - dev.phase_lo <= PHASE_MAX_WIDTH_S
+            and now_s - dev.phase_seen_s < PHASE_MAX_AGE_S
+        )
+
+    def _learn_phase(self, dev: _Device, after_s: float, at_s: float) -> None:
+        """The counter changed between a read at ``after_s`` and one at ``at_s``: narrow the phase
+        bracket with it, or start again from it when it contradicts the bracket (drift, a new period)."""
+        if at_s - after_s > PHASE_MAX_WIDTH_S:
+            return  # too coarse to teach anything
+        lo_s, hi_s = after_s - PHASE_SLACK_S, at_s + PHASE_SLACK_S
+        dev.phase_seen_s = at_s
+        if dev.phase_lo is not None:
+            period_s = self.update_period_s
+            k = round(((lo_s + hi_s) - (dev.phase_lo + dev.phase_hi)) / 2.0 / period_s)
+            new_lo, new_hi = max(lo_s, dev.phase_lo + k * period_s), min(hi_s, dev.phase_hi + k * period_s)
+            if new_lo < new_hi:
+                dev.phase_lo, dev.phase_hi = new_lo, new_hi
+                return
+            log.debug("%s: counter update outside its learned phase; relearning", dev.info.key)
+        dev.phase_lo, dev.phase_hi = lo_s, hi_s
+
+    def _ambiguous_for(self, dev: _Device, t_s: float) -> float:
+        """How long until ``t_s`` is past the predicted update it may be right at (0: not near one)."""
+        assert dev.phase_lo is not None
+        period_s = self.update_period_s
+        k = math.floor((t_s - dev.phase_hi) / period_s)  # the last update surely before t_s is k
+        next_lo, next_hi = dev.phase_lo + (k + 1) * period_s, dev.phase_hi + (k + 1) * period_s
+        return next_hi - t_s if t_s >= next_lo else 0.0
+
+    def _last_update_s(self, dev: _Device, t_s: float) -> float:
+        """The predicted last counter update at or before ``t_s`` (mid-bracket)."""
+        assert dev.phase_lo is not None
+        period_s = self.update_period_s
+        k = math.floor((t_s - dev.phase_hi) / period_s)
+        return (dev.phase_lo + dev.phase_hi) / 2.0 + k * period_s
+
+    def _phase_consistent(self, dev: _Device, changed: bool, prev_t_s: float, t_s: float) -> bool:
+        """Whether the counter changing (or not) between reads at ``prev_t_s`` and ``t_s`` fits the phase."""
+        assert dev.phase_lo is not None
+        lo, hi, period_s = dev.phase_lo, dev.phase_hi, self.update_period_s
+        most = math.floor((t_s - lo) / period_s) - math.floor((prev_t_s - hi) / period_s)
+        least = math.floor((t_s - hi) / period_s) - math.floor((prev_t_s - lo) / period_s)
+        return most > 0 if changed else least <= 0
+
+    def _calibrate(self, devs: list[_Device]) -> None:
+        """Poll the counters of ``devs`` (all in one loop, every ``poll_interval_s``, at most
+        ``PHASE_CALIBRATION_S``) until each changes, to learn its update phase."""
+        if not devs:
+            return
+        start_s = self._clock()
+        for dev in devs:
+            dev.phase_tried_s = start_s
+        last: dict[str, tuple[int, float]] = {}
+        pending = {d.info.key: d for d in devs}
+        polls_left = int(PHASE_CALIBRATION_S / self.poll_interval_s) + 2  # a stuck clock cannot hang us
+        while pending and polls_left > 0:
+            for key, dev in list(pending.items()):
+                try:
+                    raw_mj = self._counter_mj(dev)
+                except DeviceLost as exc:
+                    self._mark_lost(dev, exc)
+                    del pending[key]
+                    continue
+                except SensorError as exc:
+                    self._warn_once(dev, exc)
+                    del pending[key]
+                    continue
+                t_s = self._clock()
+                self._observe(dev, raw_mj, t_s)
+                if key in last and raw_mj != last[key][0]:
+                    dev.phase_lo = None  # a fresh calibration replaces the old phase
+                    self._learn_phase(dev, last[key][1], t_s)
+                    del pending[key]
+                    continue
+                last[key] = (raw_mj, t_s)
+            polls_left -= 1
+            if not pending or self._clock() - start_s >= PHASE_CALIBRATION_S:
+                break
+            self._sleep(self.poll_interval_s)
+        for key in pending:
+            log.debug("%s: counter did not move within %.2f s; reads stay as of its updates", key, PHASE_CALIBRATION_S)
 
     def read_at(self, t_s: float) -> list[EnergyReading]:
         """Cumulative J per live GPU as of ``t_s`` (just past), pinned to each counter's next update.
@@ -407,6 +555,10 @@ class NvmlSensor:
                 dev = probe.dev
                 try:
                     raw_mj = self._counter_mj(dev)
+                    read_s = self._clock()
+                    if probe.last_raw_mj is not None and raw_mj != probe.last_raw_mj:
+                        self._learn_phase(dev, probe.last_read_s, read_s)
+                    probe.last_read_s = read_s
                     self._observe(dev, raw_mj, now_s)
                     power_w = self._power_w(dev)
                     if probe.boundary.samples and power_w != probe.boundary.samples[-1][1]:
@@ -584,6 +736,7 @@ class _Probe:
     dev: _Device
     last_raw_mj: int | None = None
     last_t_s: float = 0.0
+    last_read_s: float = 0.0  # the clock right after the last counter read (for learning the phase)
     boundary: BoundaryProbe = field(default_factory=BoundaryProbe)
 
 

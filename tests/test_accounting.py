@@ -133,9 +133,23 @@ def test_rollup_takes_no_peak_from_intervals_shorter_than_the_power_window() -> 
             IntervalIn("gpu0", 10.02, 11.02, 600.0, "counter", {"j": 1.0}),
         ]
     )
-    assert rollup.job_host["j"].peak_power_w == pytest.approx(600.0)
-    assert rollup.job_device[("j", "gpu0")].max_power_w == pytest.approx(600.0)
+    # Both intervals start in the same 1 s window: 630 J over 1.02 s, not 1500 W.
+    assert rollup.job_host["j"].peak_power_w == pytest.approx(630.0 / 1.02)
+    assert rollup.job_device[("j", "gpu0")].max_power_w == pytest.approx(630.0 / 1.02)
     assert rollup.job_device[("j", "gpu0")].energy_j == pytest.approx(630.0)
+
+
+def test_rollup_peak_from_fine_ticks_adds_them_up_per_window() -> None:
+    # 0.1 s ticks while requests flow: no single interval is long enough, their 1 s windows are.
+    ivs = [
+        IntervalIn("gpu0", 20.0 + k / 10, 20.1 + k / 10, 40.0 + (20.0 if k >= 10 else 0.0), "counter", {"j": 1.0})
+        for k in range(20)
+    ]
+    ivs += [IntervalIn("gpu1", 20.0 + k / 10, 20.1 + k / 10, 30.0, "counter", {"j": 1.0}) for k in range(20)]
+    rollup = rollup_intervals(ivs)
+    assert rollup.job_host["j"].peak_power_w == pytest.approx(600.0 + 300.0)  # second window, both GPUs
+    assert rollup.job_device[("j", "gpu0")].max_power_w == pytest.approx(600.0)
+    assert rollup.job_device[("j", "gpu1")].max_power_w == pytest.approx(300.0)
 
 
 # --- per-span energy (accounting.spans) and quantiles ---------------------------------------------------

@@ -61,10 +61,28 @@ class BatchRollup:
     job_ticks_j: dict[tuple[str, float, float], float] = field(default_factory=dict)
 
 
-# An energy counter advances about every 100 ms and tick reads are not pinned to its updates, so the
-# power of a shorter interval (a job boundary just before a tick) is mostly quantisation noise. Peak
-# power is taken over intervals at least this long; the report never shows a peak below the average.
+# An energy counter advances about every 100 ms, so the power of a short interval (a job boundary just
+# before a tick, or the 0.1 s ticks while requests flow) is mostly counter noise. Peak power is taken
+# over windows: the intervals starting in the same PEAK_WINDOW_S bucket are added up, and a window
+# counts once it spans at least MIN_POWER_WINDOW_S. The report never shows a peak below the average.
+PEAK_WINDOW_S = 1.0
 MIN_POWER_WINDOW_S = 0.5
+
+
+@dataclass
+class _Window:
+    energy_j: float = 0.0
+    start_s: float = math.inf
+    end_s: float = -math.inf
+
+    def add(self, energy_j: float, start_s: float, end_s: float) -> None:
+        self.energy_j += energy_j
+        self.start_s = min(self.start_s, start_s)
+        self.end_s = max(self.end_s, end_s)
+
+    def power_w(self) -> float | None:
+        span_s = self.end_s - self.start_s
+        return self.energy_j / span_s if span_s >= MIN_POWER_WINDOW_S else None
 
 
 def hour_floor_s(t_s: float) -> float:
@@ -75,21 +93,22 @@ def hour_floor_s(t_s: float) -> float:
 def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
     """Attribute every interval with ``split_interval`` and sum the parts into rollup totals.
 
-    A job's peak power on the host is the largest, over ticks, of its energy summed over the host's
-    devices for intervals with identical ``(t_start_s, t_end_s)``, divided by the tick's duration.
-    Agents close all devices' intervals at the same instants, so identical bounds mean "same tick".
-    Intervals shorter than ``MIN_POWER_WINDOW_S`` add energy but no peak.
+    A job's peak power on the host is the largest, over ``PEAK_WINDOW_S`` windows, of its energy summed
+    over the host's devices divided by the window's span; a device's ``max_power_w`` likewise per device.
+    Windows spanning less than ``MIN_POWER_WINDOW_S`` add energy but no peak.
     """
     out = BatchRollup()
+    device_windows: dict[tuple[str, str, int], _Window] = {}
+    host_windows: dict[tuple[str, int], _Window] = {}
     for iv in intervals:
         jobs_j, idle_j = split_interval(iv.energy_j, iv.shares, iv.idle_weight)
-        duration_s = iv.t_end_s - iv.t_start_s
         for job_id, part_j in jobs_j.items():
             jd = out.job_device.setdefault((job_id, iv.device), JobDeviceTotals())
             jd.energy_j += part_j
             jd.sources.add(iv.source)
-            if duration_s >= MIN_POWER_WINDOW_S:
-                jd.max_power_w = max(jd.max_power_w, part_j / duration_s)
+            bucket = math.floor(iv.t_start_s / PEAK_WINDOW_S)
+            device_windows.setdefault((job_id, iv.device, bucket), _Window()).add(part_j, iv.t_start_s, iv.t_end_s)
+            host_windows.setdefault((job_id, bucket), _Window()).add(part_j, iv.t_start_s, iv.t_end_s)
             tick = (job_id, iv.t_start_s, iv.t_end_s)
             out.job_ticks_j[tick] = out.job_ticks_j.get(tick, 0.0) + part_j
             jh = out.job_host.setdefault(job_id, JobHostTotals())
@@ -98,8 +117,14 @@ def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
         if idle_j > 0.0 or not jobs_j:
             key = (iv.device, hour_floor_s(iv.t_start_s))
             out.idle_j[key] = out.idle_j.get(key, 0.0) + idle_j
-    for (job_id, t_start_s, t_end_s), energy_j in out.job_ticks_j.items():
-        if t_end_s - t_start_s >= MIN_POWER_WINDOW_S:
+    for (job_id, device, _), window in device_windows.items():
+        power_w = window.power_w()
+        if power_w is not None:
+            jd = out.job_device[(job_id, device)]
+            jd.max_power_w = max(jd.max_power_w, power_w)
+    for (job_id, _), window in host_windows.items():
+        power_w = window.power_w()
+        if power_w is not None:
             jh = out.job_host[job_id]
-            jh.peak_power_w = max(jh.peak_power_w, energy_j / (t_end_s - t_start_s))
+            jh.peak_power_w = max(jh.peak_power_w, power_w)
     return out

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,27 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from procs import WATTWATCH, free_port, wait_for
 from wattwatch.sensors.simulated import SimulatedFleet
 
 pytestmark = pytest.mark.e2e
 
-WATTWATCH = [sys.executable, "-m", "wattwatch.cli"]
 SIM_GPUS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @dataclass

@@ -70,7 +70,8 @@ def iv(device: str, t_s: float, energy_j: float, shares: dict[str, float], **kw:
 def _migrate_blank(url: str) -> None:
     assert migrate.current_revision(url) is None
     migrate.upgrade(url)
-    assert migrate.current_revision(url) == migrate.head_revision() == "0002"
+    newest = sorted(p.name for p in (migrate.MIGRATIONS_DIR / "versions").glob("[0-9]*.py"))[-1]
+    assert migrate.current_revision(url) == migrate.head_revision() == newest.split("_")[0]
     migrate.upgrade(url)  # a second upgrade is a no-op, as `wattwatch up` runs it every start
     engine = make_engine(url)
     try:
@@ -185,8 +186,9 @@ def test_check_ready_unmigrated_sqlite(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_check_ready_unmigrated_postgres(pg_blank_url: str) -> None:
+    needs = migrate.head_revision()
     with pytest.raises(
-        StorageError, match=r"is at revision none, this wattwatch needs 0002; run `wattwatch db upgrade"
+        StorageError, match=rf"is at revision none, this wattwatch needs {needs}; run `wattwatch db upgrade"
     ):
         check_ready(pg_blank_url)
 
@@ -507,11 +509,10 @@ def test_metrics_snapshot_drops_finished_jobs_after_retention(db_engine: Engine)
     _seed_report_data(db_engine)
     snap = repository.metrics_snapshot(db_engine, now_s=T0 + 4010, retention_s=3600.0)
     assert set(snap.jobs) == {"srv"}  # "old" ended 4000 s ago
-    assert snap.idle == [("h1", "gpu", 120.0)]
+    assert snap.idle == [("h1", "gpu1", "gpu", 120.0)]
     # Host energy keeps every job's energy, retired or not, so the counter never goes down.
-    ((host, kind, energy_j),) = snap.host
-    assert (host, kind) == ("h1", "gpu")
-    assert energy_j == pytest.approx(3.6e6 + 200.0 + 120.0)
+    assert {(host, kind) for host, _, kind, _ in snap.host} == {("h1", "gpu")}
+    assert math.fsum(energy_j for *_, energy_j in snap.host) == pytest.approx(3.6e6 + 200.0 + 120.0)
     everything = repository.metrics_snapshot(db_engine, now_s=T0 + 4010, retention_s=1e9)
     assert set(everything.jobs) == {"old", "srv"}
 
@@ -573,3 +574,13 @@ def test_spans_after_their_ticks_were_consumed_and_a_stalled_tick(db_engine: Eng
     job = repository.get_job(db_engine, "srv")
     assert job is not None
     assert job["waiting_energy_j"] == pytest.approx(job["energy_j"] - 200.0)
+
+
+def test_power_now_moves_forward_only(db_engine: Engine) -> None:
+    # A retried older batch arriving after a newer one must not turn power now back in time.
+    newer = batch(2, intervals=[iv("gpu0", T0 + 10, 400.0, {"j": 1.0})])
+    older = batch(1, intervals=[iv("gpu0", T0, 100.0, {"j": 1.0})])
+    repository.ingest_batch(db_engine, newer, received_at_s=T0 + 12)
+    repository.ingest_batch(db_engine, older, received_at_s=T0 + 13)
+    snap = repository.metrics_snapshot(db_engine, now_s=T0 + 14, retention_s=3600.0)
+    assert snap.job_power == [("j", "h1", pytest.approx(400.0))]

@@ -21,7 +21,6 @@ from sqlalchemy import Connection
 from wattwatch.storage.engine import WRITE_TX, make_engine, sqlite_path
 
 
-
 def _migrations_dir() -> Path:
     """Where the migrations are: inside the installed package, else in the checkout's ``alembic/``."""
     packaged = Path(__file__).with_name("migrations")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from wattwatch.accounting import IntervalIn, emissions_g, rollup_intervals, split_interval
 from wattwatch.accounting.quantiles import EnergySketch, nearest_rank
-from wattwatch.accounting.rollup import hour_floor_s
+from wattwatch.accounting.rollup import hour_floor_s, recent_power
 from wattwatch.accounting.spans import EnergySplit, split_job_energy
 
 # Up to a petajoule per interval (a 10 MW cluster for three years), including subnormal energies.
@@ -237,3 +237,13 @@ def test_sketch_merges_its_lowest_buckets_past_the_cap() -> None:
     with pytest.raises(ValueError):
         EnergySketch().add(-1.0)
     assert nearest_rank([], 0.5) is None
+
+
+def test_recent_power_is_the_latest_second_of_ticks() -> None:
+    # 0.1 s ticks: 2 s at 100 W, then 1 s at 500 W; power now is the last second's, not the average.
+    ticks = [(t / 10, (t + 1) / 10, 10.0) for t in range(20)] + [(t / 10, (t + 1) / 10, 50.0) for t in range(20, 30)]
+    power_w, end_s = recent_power(reversed(ticks))
+    assert power_w == pytest.approx(500.0) and end_s == pytest.approx(3.0)
+    # Fewer ticks than a second: their own span. No time at all: unknown.
+    assert recent_power([(0.0, 0.4, 40.0)]) == (pytest.approx(100.0), 0.4)
+    assert recent_power([]) is None

@@ -23,6 +23,7 @@ from test_storage import T0, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.errors import ConfigError
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 
@@ -245,6 +246,7 @@ def _families(text: str) -> dict[str, Any]:
 
 
 def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
+    clock.now_s = T0 + 12  # the batch's ticks end at T0 + 10: its host pushed them 2 s ago
     post_batch(client, sample_batch())
     post_batch(client, sample_batch())  # duplicate
     client.post("/api/v1/jobs/train-1/queries", json={"queries": [{"t_start_s": T0, "t_end_s": T0 + 1}] * 3})
@@ -256,7 +258,7 @@ def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     fams = _families(r.text)
     value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
-    job = (("job", "train-1"), ("job_name", "llama-ft"), ("kind", "training"))
+    job = (("job_id", "train-1"), ("job_name", "llama-ft"), ("kind", "training"))
     assert value[("wattwatch_ingest_batches_total", ())] == 1
     assert value[("wattwatch_ingest_duplicates_total", ())] == 1
     assert value[("wattwatch_ingest_intervals_total", ())] == 20
@@ -265,9 +267,11 @@ def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
         value[("wattwatch_job_energy_joules_total", tuple(sorted((*job, ("host", "h1"), ("device_kind", "gpu")))))]
         == 3000
     )
-    assert value[("wattwatch_job_power_watts", job)] == pytest.approx(3000 / 100)
+    # Power now: the batch's last second of ticks (300 W), not the average since the start.
+    assert value[("wattwatch_job_power_watts", tuple(sorted((*job, ("host", "h1")))))] == pytest.approx(300.0)
+    assert value[("wattwatch_job_running", job)] == 1
     assert value[("wattwatch_job_queries_total", job)] == 3
-    assert value[("wattwatch_job_tokens_total", job)] == 0
+    assert ("wattwatch_job_tokens_total", job) not in value  # no tokens: no always-zero series
     # Three queries shared the first second (300 J); the other nine seconds are waiting energy.
     assert value[("wattwatch_job_energy_per_query_joules", job)] == pytest.approx(100.0)
     for quantile in ("0.5", "0.95"):
@@ -278,18 +282,90 @@ def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
     assert value[("wattwatch_job_waiting_energy_joules", job)] == pytest.approx(2700.0)
     assert value[("wattwatch_job_steps_total", job)] == 1
     assert value[("wattwatch_job_energy_per_step_joules", job)] == pytest.approx(600.0)
-    assert value[("wattwatch_emissions_grams_total", job)] == pytest.approx(3000 / 3.6e6 * 400)
-    assert value[("wattwatch_idle_energy_joules_total", (("device_kind", "gpu"), ("host", "h1")))] == 600
-    assert value[("wattwatch_host_energy_joules_total", (("device_kind", "gpu"), ("host", "h1")))] == 3600
+    assert value[("wattwatch_job_emissions_grams_total", job)] == pytest.approx(3000 / 3.6e6 * 400)
+    gpu1 = (("device", "gpu1"), ("device_kind", "gpu"), ("host", "h1"))
+    gpu0 = (("device", "gpu0"), ("device_kind", "gpu"), ("host", "h1"))
+    assert value[("wattwatch_idle_energy_joules_total", gpu1)] == 600
+    assert ("wattwatch_idle_energy_joules_total", gpu0) not in value  # always held: no idle series
+    assert value[("wattwatch_host_energy_joules_total", gpu0)] == 3000
+    assert value[("wattwatch_host_energy_joules_total", gpu1)] == 600
+    assert value[("wattwatch_host_last_seen_timestamp_seconds", (("host", "h1"),))] == T0 + 12
+    assert value[("wattwatch_grid_intensity_grams_per_kwh", ())] == 400
+    assert value[("wattwatch_pue", ())] == 1
     assert value[("wattwatch_collector_database_up", ())] == 1
+    assert value[("wattwatch_collector_metrics_leader", ())] == 1
+    # Prometheus' own scrape label never appears on our series.
+    assert not any("job" in s.labels for f in fams.values() for s in f.samples)
+
+    # A minute without a batch from its host: the job's power is unknown, not frozen at its last value.
+    clock.now_s = T0 + 10 + 61
+    assert "wattwatch_job_power_watts{" not in client.get("/metrics").text
 
     # A finished job leaves /metrics once the retention has passed; the host total keeps its energy.
     client.post("/api/v1/jobs/train-1/end", json={"ended_at_s": T0 + 10})
     clock.now_s = T0 + 10 + 3600 + 1
     later = client.get("/metrics").text
-    assert 'job="train-1"' not in later
-    assert 'wattwatch_host_energy_joules_total{device_kind="gpu",host="h1"} 3600.0' in later
+    assert 'job_id="train-1"' not in later
+    assert 'wattwatch_host_energy_joules_total{device="gpu0",device_kind="gpu",host="h1"} 3000.0' in later
     _promtool_check(r.text, tmp_path)
+
+
+def test_metric_labels_allow_list(settings: Settings, db_engine: Engine, clock: Clock) -> None:
+    # Only the labels the operator names become metric labels; a job without one gets "".
+    labelled = replace(settings, metric_labels="team,app.kubernetes.io/name")
+    with TestClient(create_app(labelled, db_engine, clock=clock, span_energy_interval_s=None)) as c:
+        b = batch(
+            1,
+            jobs=[
+                wire.Job(
+                    id="a",
+                    name="a",
+                    kind="training",
+                    started_at_s=T0,
+                    labels={"team": "nlp", "app.kubernetes.io/name": "llama", "secret": "x"},
+                ),
+                wire.Job(id="b", name="b", kind="inference", started_at_s=T0),
+            ],
+            intervals=[iv("gpu0", T0, 100.0, {"a": 1.0}), iv("gpu1", T0, 50.0, {"b": 1.0})],
+        )
+        assert post_batch(c, b).status_code == 200
+        samples = [s for f in _families(c.get("/metrics").text).values() for s in f.samples]
+    running = {s.labels["job_id"]: s.labels for s in samples if s.name == "wattwatch_job_running"}
+    assert running["a"]["team"] == "nlp" and running["a"]["app_kubernetes_io_name"] == "llama"
+    assert running["b"]["team"] == "" and running["b"]["app_kubernetes_io_name"] == ""
+    assert not any("secret" in s.labels for s in samples)
+    energy = [s for s in samples if s.name == "wattwatch_job_energy_joules_total" and s.labels["job_id"] == "a"]
+    assert energy and all(s.labels["team"] == "nlp" for s in energy)
+    with pytest.raises(ConfigError, match="job_name"):
+        create_app(replace(settings, metric_labels="job_name"), db_engine)
+
+
+@pytest.mark.postgres
+def test_replicas_export_database_totals_once(settings: Settings, pg_url: str, clock: Clock) -> None:
+    # Two collectors on one PostgreSQL: exactly one exports the totals, so summing over replicas is exact;
+    # when it goes away, the other takes over on its next scrape.
+    engines = [make_engine(pg_url), make_engine(pg_url)]
+    apps = [create_app(settings, e, clock=clock, span_energy_interval_s=None) for e in engines]
+    try:
+        with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
+            post_batch(a, sample_batch())
+
+            def job_energy(c: TestClient) -> float:
+                samples = [s for f in _families(c.get("/metrics").text).values() for s in f.samples]
+                return sum(s.value for s in samples if s.name == "wattwatch_job_energy_joules_total")
+
+            def leads(c: TestClient) -> float:
+                return _families(c.get("/metrics").text)["wattwatch_collector_metrics_leader"].samples[0].value
+
+            assert job_energy(a) + job_energy(b) == 3000
+            assert (leads(a), leads(b)) == (1, 0)
+            assert job_energy(b) == 0
+            apps[0].state.metrics_leader.close()
+            assert job_energy(b) == 3000 and leads(b) == 1
+            assert leads(a) == 0 and job_energy(a) == 0
+    finally:
+        for e in engines:
+            e.dispose()
 
 
 def _promtool_check(text: str, tmp_path: Path) -> None:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 import socket
+import subprocess
+import sys
+import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +70,8 @@ def iv(device: str, t_s: float, energy_j: float, shares: dict[str, float], **kw:
 def _migrate_blank(url: str) -> None:
     assert migrate.current_revision(url) is None
     migrate.upgrade(url)
-    assert migrate.current_revision(url) == migrate.head_revision() == "0002"
+    newest = sorted(p.name for p in (migrate.MIGRATIONS_DIR / "versions").glob("[0-9]*.py"))[-1]
+    assert migrate.current_revision(url) == migrate.head_revision() == newest.split("_")[0]
     migrate.upgrade(url)  # a second upgrade is a no-op, as `wattwatch up` runs it every start
     engine = make_engine(url)
     try:
@@ -85,11 +91,74 @@ def test_migrations_upgrade_postgres(pg_blank_url: str) -> None:
     _migrate_blank(pg_blank_url)
 
 
-def test_migrations_ship_inside_the_package() -> None:
-    # pyproject's package-data globs must match every migration file, or a wheel would lack them.
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_migrations_live_at_the_top_level() -> None:
+    # A checkout (and an editable install) migrates from the repository's alembic/ folder.
     root = migrate.MIGRATIONS_DIR
+    assert root == REPO / "alembic"
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
-    assert sorted(p.name for p in (root / "versions").glob("*.py")) == ["0001_initial.py", "0002_span_energy.py"]
+    assert not (root / "__init__.py").exists(), "an __init__.py would shadow the alembic library from the repo root"
+    versions = sorted(p.name for p in (root / "versions").glob("*.py"))
+    assert versions[:2] == ["0001_initial.py", "0002_span_energy.py"]
+
+
+def test_pyproject_lists_every_package() -> None:
+    # pyproject lists packages by hand (it maps alembic/ into one); a package missing there is missing from wheels.
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(p.parent.relative_to(REPO / "src").parts) for p in (REPO / "src" / "wattwatch").rglob("__init__.py")
+    }
+    assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_alembic_command_line_from_the_repository_root(tmp_path: Path) -> None:
+    alembic = Path(sys.executable).with_name("alembic")
+    db = tmp_path / "cli.db"
+    env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "home")}
+    env.pop("WATTWATCH_DB", None)
+    for args in (["upgrade", "head"], ["-x", f"url=sqlite:///{db}", "upgrade", "head"]):
+        done = subprocess.run([str(alembic), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert migrate.current_revision(f"sqlite:///{tmp_path / 'home' / 'wattwatch.db'}") == migrate.head_revision()
+    assert migrate.current_revision(f"sqlite:///{db}") == migrate.head_revision()
+
+
+def test_wheel_carries_the_migrations(tmp_path: Path) -> None:
+    # Build the wheel as a user would get it, install it on its own, and migrate with it.
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("wattwatch-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    shipped = {n for n in names if n.startswith("wattwatch/storage/migrations/")}
+    expected = {
+        f"wattwatch/storage/migrations/{p.relative_to(REPO / 'alembic').as_posix()}"
+        for p in (REPO / "alembic").rglob("*")
+        if p.suffix in (".py", ".mako") and "__pycache__" not in p.parts
+    }
+    assert expected <= shipped
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    url = f"sqlite:///{tmp_path / 'from-wheel.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "wattwatch.cli", "db", "upgrade", "--db", url],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert migrate.current_revision(url) == migrate.head_revision()
 
 
 def test_check_ready_missing_sqlite_file(tmp_path: Path) -> None:
@@ -117,8 +186,9 @@ def test_check_ready_unmigrated_sqlite(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_check_ready_unmigrated_postgres(pg_blank_url: str) -> None:
+    needs = migrate.head_revision()
     with pytest.raises(
-        StorageError, match=r"is at revision none, this wattwatch needs 0002; run `wattwatch db upgrade"
+        StorageError, match=rf"is at revision none, this wattwatch needs {needs}; run `wattwatch db upgrade"
     ):
         check_ready(pg_blank_url)
 
@@ -439,11 +509,10 @@ def test_metrics_snapshot_drops_finished_jobs_after_retention(db_engine: Engine)
     _seed_report_data(db_engine)
     snap = repository.metrics_snapshot(db_engine, now_s=T0 + 4010, retention_s=3600.0)
     assert set(snap.jobs) == {"srv"}  # "old" ended 4000 s ago
-    assert snap.idle == [("h1", "gpu", 120.0)]
+    assert snap.idle == [("h1", "gpu1", "gpu", 120.0)]
     # Host energy keeps every job's energy, retired or not, so the counter never goes down.
-    ((host, kind, energy_j),) = snap.host
-    assert (host, kind) == ("h1", "gpu")
-    assert energy_j == pytest.approx(3.6e6 + 200.0 + 120.0)
+    assert {(host, kind) for host, _, kind, _ in snap.host} == {("h1", "gpu")}
+    assert math.fsum(energy_j for *_, energy_j in snap.host) == pytest.approx(3.6e6 + 200.0 + 120.0)
     everything = repository.metrics_snapshot(db_engine, now_s=T0 + 4010, retention_s=1e9)
     assert set(everything.jobs) == {"old", "srv"}
 
@@ -505,3 +574,13 @@ def test_spans_after_their_ticks_were_consumed_and_a_stalled_tick(db_engine: Eng
     job = repository.get_job(db_engine, "srv")
     assert job is not None
     assert job["waiting_energy_j"] == pytest.approx(job["energy_j"] - 200.0)
+
+
+def test_power_now_moves_forward_only(db_engine: Engine) -> None:
+    # A retried older batch arriving after a newer one must not turn power now back in time.
+    newer = batch(2, intervals=[iv("gpu0", T0 + 10, 400.0, {"j": 1.0})])
+    older = batch(1, intervals=[iv("gpu0", T0, 100.0, {"j": 1.0})])
+    repository.ingest_batch(db_engine, newer, received_at_s=T0 + 12)
+    repository.ingest_batch(db_engine, older, received_at_s=T0 + 13)
+    snap = repository.metrics_snapshot(db_engine, now_s=T0 + 14, retention_s=3600.0)
+    assert snap.job_power == [("j", "h1", pytest.approx(400.0))]

@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_listen(up)
     up.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
     up.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
+    _add_metric_labels(up)
     _add_agent_options(up)
 
     demo = sub.add_parser(
@@ -91,12 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         "collector",
         help="the central service (PostgreSQL in production)",
         formatter_class=_fmt(),
-        epilog="example:\n  wattwatch collector --db postgresql://wattwatch@db/wattwatch --listen 0.0.0.0:8470",
+        epilog="examples:\n  wattwatch collector --db postgresql://wattwatch@db/wattwatch --listen 0.0.0.0:8470\n"
+        "  wattwatch collector --migrate --metric-labels team,namespace",
     )
     _add_db(col)
     _add_listen(col)
     col.add_argument("--token", help="require this bearer token from agents and readers")
     col.add_argument("--migrate", action="store_true", help="apply database migrations before serving")
+    _add_metric_labels(col)
 
     ag = sub.add_parser(
         "agent",
@@ -200,6 +203,15 @@ def _agent_options(args: argparse.Namespace) -> Any:
     )
 
 
+def _add_metric_labels(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metric-labels",
+        metavar="KEYS",
+        help="job labels to export as labels of the job series on /metrics, e.g. team,namespace "
+        "(default none: each costs one label value per job)",
+    )
+
+
 def _add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL", help="database URL (default: embedded SQLite under $WATTWATCH_HOME)")
 
@@ -257,6 +269,11 @@ def _settings_from(args: argparse.Namespace) -> Settings:
             changes["collector_url"] = args.collector
         if args.host:
             changes["host"] = args.host
+    if getattr(args, "metric_labels", None) is not None:
+        from wattwatch.collector.metrics import metric_label_names
+
+        metric_label_names(args.metric_labels)  # a clash is a usage error now, not when the first scrape comes
+        changes["metric_labels"] = args.metric_labels
     if getattr(args, "token", None) and args.command in ("agent", "collector"):
         changes["token"] = args.token
     return dataclasses.replace(settings, **changes)

@@ -42,6 +42,8 @@ class Settings:
     cpu_tdp_w: float = 0.0
     # Finished jobs leave /metrics after this long, so label cardinality stays bounded.
     metrics_retention_s: float = 3600.0
+    # Job label keys exported as metric labels on the collector's job series (comma list, e.g. "team,namespace").
+    metric_labels: str = ""
 
     @property
     def socket_path(self) -> Path:
@@ -77,6 +79,7 @@ _ENV = {
     "grid_intensity_g_per_kwh": "WATTWATCH_GRID_INTENSITY",
     "pue": "WATTWATCH_PUE",
     "metrics_retention_s": "WATTWATCH_METRICS_RETENTION",
+    "metric_labels": "WATTWATCH_METRIC_LABELS",
     "cpu_tdp_w": "WATTWATCH_CPU_TDP",
 }
 

@@ -44,6 +44,9 @@ class JobHostTotals:
     peak_power_w: float = 0.0
     first_s: float = math.inf
     last_s: float = -math.inf
+    # Power over the job's latest RECENT_POWER_S of ticks in the batch, and the end of those ticks.
+    recent_power_w: float | None = None
+    recent_at_s: float | None = None
 
 
 @dataclass
@@ -67,6 +70,9 @@ class BatchRollup:
 # counts once it spans at least MIN_POWER_WINDOW_S. The report never shows a peak below the average.
 PEAK_WINDOW_S = 1.0
 MIN_POWER_WINDOW_S = 0.5
+# "Power now" for /metrics: the job's energy over its latest ticks covering at least this long (or all of
+# the batch's ticks when they cover less), over the span they cover.
+RECENT_POWER_S = 1.0
 
 
 @dataclass
@@ -127,4 +133,29 @@ def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
         if power_w is not None:
             jh = out.job_host[job_id]
             jh.peak_power_w = max(jh.peak_power_w, power_w)
+    _add_recent_power(out)
     return out
+
+
+def recent_power(ticks: Iterable[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """``(power_w, end_s)`` over the latest ``(t_start_s, t_end_s, energy_j)`` ticks that cover at least
+    ``RECENT_POWER_S`` (all of them if they cover less); None when they cover no time."""
+    energy_j, start_s, end_s = 0.0, math.inf, -math.inf
+    for t_start_s, t_end_s, tick_j in sorted(ticks, key=lambda t: t[1], reverse=True):
+        if end_s - start_s >= RECENT_POWER_S:
+            break
+        energy_j += tick_j
+        start_s, end_s = min(start_s, t_start_s), max(end_s, t_end_s)
+    span_s = end_s - start_s
+    return (energy_j / span_s, end_s) if span_s > 0 else None
+
+
+def _add_recent_power(out: BatchRollup) -> None:
+    per_job: dict[str, list[tuple[float, float, float]]] = {}
+    for (job_id, t_start_s, t_end_s), energy_j in out.job_ticks_j.items():
+        per_job.setdefault(job_id, []).append((t_start_s, t_end_s, energy_j))
+    for job_id, ticks in per_job.items():
+        found = recent_power(ticks)
+        if found is not None:
+            jh = out.job_host[job_id]
+            jh.recent_power_w, jh.recent_at_s = found

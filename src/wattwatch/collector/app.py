@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from wattwatch.collector.bodies import OPENAPI_BODIES
 from wattwatch.collector.errors import ApiError
+from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.routes import Context, build_router
 from wattwatch.collector.span_scheduler import DEFAULT_INTERVAL_S, SpanEnergyScheduler
@@ -56,7 +57,8 @@ def create_app(
     """
     owns_engine = engine is None
     db = make_engine(settings.resolved_db_url) if engine is None else engine
-    registry, ingest_metrics = build_registry(db, settings, clock)
+    leader = MetricsLeader(db)
+    registry, ingest_metrics = build_registry(db, settings, clock, leader)
     span_energy = SpanEnergyScheduler(db, clock=clock, interval_s=span_energy_interval_s, settle_s=span_energy_settle_s)
     ctx = Context(
         settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock, span_energy=span_energy
@@ -70,6 +72,7 @@ def create_app(
         finally:
             # Off the event loop: the last pass talks to the database and may take a moment.
             await asyncio.to_thread(span_energy.stop)
+            leader.close()
             if owns_engine:
                 db.dispose()
 
@@ -80,6 +83,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.wattwatch = ctx
+    app.state.metrics_leader = leader
     app.include_router(build_router(ctx, _bearer_auth(settings.token)))
     _install_error_handlers(app, db)
     _document_bodies(app)

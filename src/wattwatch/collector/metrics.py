@@ -1,14 +1,21 @@
 """The collector's /metrics: ingest self-metrics plus job, idle and host energy read from the rollups.
 
 Everything lives in a registry per app (never prometheus_client's global one), so several apps in one
-process (tests, ``wattwatch up``) never share counters. Job metrics are computed once per scrape
-from one database snapshot by ``JobMetricsCollector``.
+process (tests, ``wattwatch up``) never share counters. Job metrics are computed once per scrape from one
+database snapshot by ``JobMetricsCollector``, and only on the replica that leads (``collector.leader``), so
+summing over replicas never double counts. docs/metrics.md lists every family.
+
+Job series are labelled ``job_id``, ``job_name`` and ``kind`` (never ``job``: Prometheus' own scrape
+label), plus the job labels an operator names (``--metric-labels team,namespace``). Series that would
+always read zero (queries of a training job) are not exported.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
@@ -18,13 +25,18 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from wattwatch.accounting.carbon import emissions_g
+from wattwatch.collector.leader import MetricsLeader
 from wattwatch.config import Settings
+from wattwatch.errors import ConfigError
 from wattwatch.storage.reads import MetricsSnapshot, metrics_snapshot
 from wattwatch.storage.span_reads import SpanFigures
 
 log = logging.getLogger(__name__)
 
-JOB_LABELS = ["job", "job_name", "kind"]
+JOB_LABELS = ("job_id", "job_name", "kind")
+# Names a user label may not take: ours, and those Prometheus or its exposition format give a meaning.
+_RESERVED = {*JOB_LABELS, "host", "device", "device_kind", "quantile", "le", "job", "instance"}
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -37,8 +49,30 @@ class IngestMetrics:
     duplicates: Counter
 
 
+def metric_label_names(spec: str) -> tuple[tuple[str, str], ...]:
+    """``"team,app.kubernetes.io/name"`` -> ``(("team", "team"), ("app.kubernetes.io/name",
+    "app_kubernetes_io_name"))``: job label keys and the metric label each becomes; ConfigError on a clash."""
+    pairs: list[tuple[str, str]] = []
+    for raw in spec.split(","):
+        key = raw.strip()
+        if not key:
+            continue
+        name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+        if name[0].isdigit():
+            name = f"_{name}"
+        if name in _RESERVED or name.startswith("__") or not _LABEL_NAME.match(name):
+            raise ConfigError(
+                f"--metric-labels: job label {key!r} would become metric label {name!r}, which wattwatch or "
+                f"Prometheus already uses; pick other labels (reserved: {', '.join(sorted(_RESERVED))})"
+            )
+        if name in (n for _, n in pairs):
+            raise ConfigError(f"--metric-labels: two job labels both become metric label {name!r}; keep one")
+        pairs.append((key, name))
+    return tuple(pairs)
+
+
 def build_registry(
-    engine: Engine, settings: Settings, clock: Callable[[], float]
+    engine: Engine, settings: Settings, clock: Callable[[], float], leader: MetricsLeader | None = None
 ) -> tuple[CollectorRegistry, IngestMetrics]:
     """A fresh registry holding the ingest counters and the job collector."""
     registry = CollectorRegistry()
@@ -50,134 +84,190 @@ def build_registry(
             "wattwatch_ingest_duplicates", "Batches received again and ignored (agent retries).", registry=registry
         ),
     )
-    registry.register(JobMetricsCollector(engine, settings, clock))
+    registry.register(JobMetricsCollector(engine, settings, clock, leader or MetricsLeader(engine)))
     return registry, ingest
 
 
 class JobMetricsCollector(Collector):
-    """Job, idle and host energy from the rollup tables, read at scrape time."""
+    """Job, idle and host energy from the rollup tables, read at scrape time on the leading replica."""
 
-    def __init__(self, engine: Engine, settings: Settings, clock: Callable[[], float]) -> None:
+    def __init__(self, engine: Engine, settings: Settings, clock: Callable[[], float], leader: MetricsLeader) -> None:
         self._engine = engine
         self._settings = settings
         self._clock = clock
+        self._leader = leader
+        self._user_labels = metric_label_names(settings.metric_labels)
 
     def describe(self) -> Iterable[Metric]:
         """The families without samples, so registering never touches the database."""
-        return self._families(None, 0.0)
+        return [_leader_family(), _up_family(), *self._families(None, 0.0)]
 
     def collect(self) -> Iterable[Metric]:
-        """One snapshot of the rollups, presented as every job metric."""
+        """One snapshot of the rollups, presented as every job metric (on the leader only)."""
         now_s = self._clock()
-        up = GaugeMetricFamily("wattwatch_collector_database_up", "1 if the last scrape could read the database.")
+        leads = self._leader.is_leader()
+        leader = _leader_family()
+        leader.add_metric([], 1.0 if leads else 0.0)
+        up = _up_family()
         try:
-            snapshot = metrics_snapshot(self._engine, now_s=now_s, retention_s=self._settings.metrics_retention_s)
+            snapshot = metrics_snapshot(
+                self._engine, now_s=now_s, retention_s=self._settings.metrics_retention_s, totals=leads
+            )
         except SQLAlchemyError as exc:
             # A scrape that fails outright hides the ingest counters too; report the outage as a value.
             log.warning("metrics scrape could not read the database: %s", exc)
             up.add_metric([], 0.0)
-            return [up]
+            return [leader, up]
         up.add_metric([], 1.0)
-        return [up, *self._families(snapshot, now_s)]
+        if not leads:
+            return [leader, up]
+        return [leader, up, *self._families(snapshot, now_s)]
+
+    def _job_labels(self) -> list[str]:
+        return [*JOB_LABELS, *(name for _, name in self._user_labels)]
 
     def _families(self, snap: MetricsSnapshot | None, now_s: float) -> list[Metric]:
-        energy = CounterMetricFamily(
-            "wattwatch_job_energy_joules",
-            "Energy attributed to a job, per host and device kind (J).",
-            labels=[*JOB_LABELS, "host", "device_kind"],
-        )
-        power = GaugeMetricFamily(
-            "wattwatch_job_power_watts", "Average power of a running job since its start (W).", labels=JOB_LABELS
-        )
-        n_queries = CounterMetricFamily("wattwatch_job_queries", "Inference queries a job served.", labels=JOB_LABELS)
-        tokens = CounterMetricFamily("wattwatch_job_tokens", "Tokens (in + out) a job processed.", labels=JOB_LABELS)
-        per_query = GaugeMetricFamily(
-            "wattwatch_job_energy_per_query_joules",
-            "Mean energy per settled query, waiting energy excluded (J).",
-            labels=JOB_LABELS,
-        )
-        # Per-query energies as a summary: quantiles (within the sketch's 0.2 %), _sum and _count of the
-        # settled queries. _count only grows; _sum may move slightly when late data recomputes a window.
-        query_energy = Metric(
-            "wattwatch_job_query_energy_joules", "Energy of each settled query, from request spans (J).", "summary"
-        )
-        waiting = GaugeMetricFamily(
-            "wattwatch_job_waiting_energy_joules",
-            "Energy of a serving job while no request was in flight (J).",
-            labels=JOB_LABELS,
-        )
-        n_steps = CounterMetricFamily("wattwatch_job_steps", "Training steps a job marked.", labels=JOB_LABELS)
-        per_step = GaugeMetricFamily(
-            "wattwatch_job_energy_per_step_joules", "Mean energy per settled training step (J).", labels=JOB_LABELS
-        )
+        jl = self._job_labels()
+        f = _JobFamilies(jl)
         idle = CounterMetricFamily(
-            "wattwatch_idle_energy_joules", "Device energy no job held (J).", labels=["host", "device_kind"]
+            "wattwatch_idle_energy_joules", "Device energy no job held (J).", labels=["host", "device", "device_kind"]
         )
         host = CounterMetricFamily(
-            "wattwatch_host_energy_joules", "All device energy measured on a host (J).", labels=["host", "device_kind"]
+            "wattwatch_host_energy_joules",
+            "All energy measured on a device, jobs and idle (J).",
+            labels=["host", "device", "device_kind"],
         )
-        carbon = CounterMetricFamily(
-            "wattwatch_emissions_grams", "Job emissions: kWh x PUE x grid intensity (gCO2e).", labels=JOB_LABELS
+        seen = GaugeMetricFamily(
+            "wattwatch_host_last_seen_timestamp_seconds",
+            "When the collector last stored a batch from the host (Unix time).",
+            labels=["host"],
         )
-        families: list[Metric] = [
-            energy,
-            power,
-            n_queries,
-            tokens,
-            per_query,
-            query_energy,
-            waiting,
-            n_steps,
-            per_step,
-            idle,
-            host,
-            carbon,
-        ]
+        s = self._settings
+        intensity = GaugeMetricFamily(
+            "wattwatch_grid_intensity_grams_per_kwh", "Grid carbon intensity the emissions use (gCO2e/kWh)."
+        )
+        pue = GaugeMetricFamily("wattwatch_pue", "Power usage effectiveness the emissions use.")
+        families: list[Metric] = [*f.all(), idle, host, seen, intensity, pue]
         if snap is None:
             return families
-        for job_id, name, kind, host_name, device_kind, energy_j in snap.job_energy:
-            energy.add_metric([job_id, name, kind, host_name, device_kind], energy_j)
-        s = self._settings
-        for job_id, (name, kind, running, started_at_s, energy_j, queries, n_tokens) in snap.jobs.items():
-            labels = [job_id, name, kind]
-            if running:
-                duration_s = now_s - started_at_s
-                power.add_metric(labels, energy_j / duration_s if duration_s > 0 else 0.0)
-            n_queries.add_metric(labels, float(queries))
-            tokens.add_metric(labels, float(n_tokens))
+        intensity.add_metric([], s.grid_intensity_g_per_kwh)
+        pue.add_metric([], s.pue)
+        labels_of: dict[str, list[str]] = {}
+        for job_id, job in snap.jobs.items():
+            labels = [job_id, job.name, job.kind, *(job.labels.get(key, "") for key, _ in self._user_labels)]
+            labels_of[job_id] = labels
+            f.running.add_metric(labels, 1.0 if job.running else 0.0)
+            if job.queries:
+                f.queries.add_metric(labels, float(job.queries))
+            if job.tokens:
+                f.tokens.add_metric(labels, float(job.tokens))
             figures = snap.spans.get(job_id)
             if figures is not None:
-                _add_span_figures(labels, figures, per_query, query_energy, waiting, n_steps, per_step)
-            carbon.add_metric(labels, emissions_g(energy_j, s.grid_intensity_g_per_kwh, s.pue))
-        for host_name, device_kind, energy_j in snap.idle:
-            idle.add_metric([host_name, device_kind], energy_j)
-        for host_name, device_kind, energy_j in snap.host:
-            host.add_metric([host_name, device_kind], energy_j)
+                f.add_span_figures(labels, figures)
+            f.emissions.add_metric(labels, emissions_g(job.energy_j, s.grid_intensity_g_per_kwh, s.pue))
+        for job_id, host_name, device_kind, energy_j in snap.job_energy:
+            f.energy.add_metric([*labels_of[job_id], host_name, device_kind], energy_j)
+        for job_id, host_name, power_w in snap.job_power:
+            f.power.add_metric([*labels_of[job_id], host_name], power_w)
+        for host_name, key, device_kind, energy_j in snap.idle:
+            idle.add_metric([host_name, key, device_kind], energy_j)
+        for host_name, key, device_kind, energy_j in snap.host:
+            host.add_metric([host_name, key, device_kind], energy_j)
+        for host_name, seen_s in snap.host_seen:
+            seen.add_metric([host_name], seen_s)
         return families
 
 
-def _add_span_figures(
-    labels: list[str],
-    figures: SpanFigures,
-    per_query: GaugeMetricFamily,
-    query_energy: Metric,
-    waiting: GaugeMetricFamily,
-    n_steps: CounterMetricFamily,
-    per_step: GaugeMetricFamily,
-) -> None:
-    """One job's per-query and per-step samples; a figure not known yet (None) has no sample."""
-    if figures.energy_per_query_j is not None:
-        per_query.add_metric(labels, figures.energy_per_query_j)
-    if figures.query_method == "spans" and figures.energy_per_query_p50_j is not None:
-        named = dict(zip(JOB_LABELS, labels, strict=True))
-        name = query_energy.name
-        query_energy.add_sample(name, {**named, "quantile": "0.5"}, figures.energy_per_query_p50_j)
-        query_energy.add_sample(name, {**named, "quantile": "0.95"}, figures.energy_per_query_p95_j or 0.0)
-        query_energy.add_sample(f"{name}_sum", named, (figures.energy_per_query_j or 0.0) * figures.queries_settled)
-        query_energy.add_sample(f"{name}_count", named, float(figures.queries_settled))
-    if figures.waiting_energy_j is not None:
-        waiting.add_metric(labels, figures.waiting_energy_j)
-    if figures.steps:
-        n_steps.add_metric(labels, float(figures.steps))
-    if figures.energy_per_step_j is not None:
-        per_step.add_metric(labels, figures.energy_per_step_j)
+def _leader_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "wattwatch_collector_metrics_leader", "1 on the replica that exports the database-derived series."
+    )
+
+
+def _up_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily("wattwatch_collector_database_up", "1 if the last scrape could read the database.")
+
+
+class _JobFamilies:
+    """The per-job families of one scrape."""
+
+    def __init__(self, jl: Sequence[str]) -> None:
+        jl = list(jl)
+        self.labels = jl
+        self.energy = CounterMetricFamily(
+            "wattwatch_job_energy_joules",
+            "Energy attributed to a job, per host and device kind (J).",
+            labels=[*jl, "host", "device_kind"],
+        )
+        self.power = GaugeMetricFamily(
+            "wattwatch_job_power_watts",
+            "A running job's power on a host over the host's latest pushed ticks (W).",
+            labels=[*jl, "host"],
+        )
+        self.running = GaugeMetricFamily("wattwatch_job_running", "1 while the job runs, 0 once ended.", labels=jl)
+        self.queries = CounterMetricFamily("wattwatch_job_queries", "Inference queries a job served.", labels=jl)
+        self.tokens = CounterMetricFamily("wattwatch_job_tokens", "Tokens (in + out) a job processed.", labels=jl)
+        self.per_query = GaugeMetricFamily(
+            "wattwatch_job_energy_per_query_joules",
+            "Mean energy per settled query, waiting energy excluded (J).",
+            labels=jl,
+        )
+        self.per_token = GaugeMetricFamily(
+            "wattwatch_job_energy_per_token_joules", "Energy per token, tokens in + out (J).", labels=jl
+        )
+        # Per-query energies as a summary: quantiles (within the sketch's 0.2 %), _sum and _count of the
+        # settled queries. _count only grows; _sum may move slightly when late data recomputes a window.
+        self.query_energy = Metric(
+            "wattwatch_job_query_energy_joules", "Energy of each settled query, from request spans (J).", "summary"
+        )
+        self.waiting = GaugeMetricFamily(
+            "wattwatch_job_waiting_energy_joules",
+            "Energy of a serving job while no request was in flight (J).",
+            labels=jl,
+        )
+        self.steps = CounterMetricFamily("wattwatch_job_steps", "Training steps a job marked.", labels=jl)
+        self.per_step = GaugeMetricFamily(
+            "wattwatch_job_energy_per_step_joules", "Mean energy per settled training step (J).", labels=jl
+        )
+        self.emissions = CounterMetricFamily(
+            "wattwatch_job_emissions_grams", "Job emissions: kWh x PUE x grid intensity (gCO2e).", labels=jl
+        )
+
+    def all(self) -> list[Metric]:
+        """Every family, in exposition order."""
+        return [
+            self.energy,
+            self.power,
+            self.running,
+            self.queries,
+            self.tokens,
+            self.per_query,
+            self.per_token,
+            self.query_energy,
+            self.waiting,
+            self.steps,
+            self.per_step,
+            self.emissions,
+        ]
+
+    def add_span_figures(self, labels: list[str], figures: SpanFigures) -> None:
+        """One job's per-query and per-step samples; a figure not known yet (None) has no sample."""
+        if figures.energy_per_query_j is not None:
+            self.per_query.add_metric(labels, figures.energy_per_query_j)
+        if figures.energy_per_token_j is not None and math.isfinite(figures.energy_per_token_j):
+            self.per_token.add_metric(labels, figures.energy_per_token_j)
+        if figures.query_method == "spans" and figures.energy_per_query_p50_j is not None:
+            named = dict(zip(self.labels, labels, strict=True))
+            name = self.query_energy.name
+            self.query_energy.add_sample(name, {**named, "quantile": "0.5"}, figures.energy_per_query_p50_j)
+            p95_j = figures.energy_per_query_p95_j or 0.0
+            self.query_energy.add_sample(name, {**named, "quantile": "0.95"}, p95_j)
+            total_j = (figures.energy_per_query_j or 0.0) * figures.queries_settled
+            self.query_energy.add_sample(f"{name}_sum", named, total_j)
+            self.query_energy.add_sample(f"{name}_count", named, float(figures.queries_settled))
+        if figures.waiting_energy_j is not None:
+            self.waiting.add_metric(labels, figures.waiting_energy_j)
+        if figures.steps:
+            self.steps.add_metric(labels, float(figures.steps))
+        if figures.energy_per_step_j is not None:
+            self.per_step.add_metric(labels, figures.energy_per_step_j)

@@ -1,7 +1,10 @@
-"""Alembic migrations that ship inside the package, configured from Python (no alembic.ini).
+"""Alembic migrations, configured from Python; ``upgrade(url)`` is what ``wattwatch db upgrade`` and
+``wattwatch up`` call.
 
-An installed wheel carries ``storage/migrations``; ``upgrade(url)`` is what ``wattwatch db upgrade``
-and ``wattwatch up`` call.
+The migrations live in the repository's top-level ``alembic/`` folder (so ``alembic upgrade head`` works
+from a checkout, with the ``alembic.ini`` beside it). A wheel carries the same files as
+``wattwatch/storage/migrations`` (pyproject maps the folder into the package at build time); a checkout or
+an editable install finds them at the top level.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ from sqlalchemy import Connection
 
 from wattwatch.storage.engine import WRITE_TX, make_engine, sqlite_path
 
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+def _migrations_dir() -> Path:
+    """Where the migrations are: inside the installed package, else in the checkout's ``alembic/``."""
+    packaged = Path(__file__).with_name("migrations")
+    if (packaged / "env.py").is_file():
+        return packaged
+    return Path(__file__).resolve().parents[3] / "alembic"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def alembic_config() -> Config:

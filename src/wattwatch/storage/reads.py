@@ -258,71 +258,104 @@ def get_job(
     return entries.get(job_id)
 
 
+# /metrics shows a job's power now only while its host pushed within this long (an agent that went quiet
+# must not leave a job looking busy).
+POWER_FRESH_S = 60.0
+
+
+@dataclass
+class MetricsJob:
+    """One job as /metrics shows it."""
+
+    name: str
+    kind: str
+    running: bool
+    labels: dict[str, str]
+    energy_j: float = 0.0
+    queries: int = 0
+    tokens: int = 0
+
+
 @dataclass
 class MetricsSnapshot:
     """Everything /metrics shows, read once per scrape. Jobs finished before the retention cut are gone."""
 
-    # (job id, job name, kind, host, device kind, joules)
-    job_energy: list[tuple[str, str, str, str, str, float]] = field(default_factory=list)
-    # job id -> (name, kind, running, started_at_s, energy_j, queries, tokens)
-    jobs: dict[str, tuple[str, str, bool, float, float, int, int]] = field(default_factory=dict)
+    # (job id, host, device kind, joules)
+    job_energy: list[tuple[str, str, str, float]] = field(default_factory=list)
+    jobs: dict[str, MetricsJob] = field(default_factory=dict)
+    # (job id, host, watts): running jobs whose host pushed ticks within POWER_FRESH_S
+    job_power: list[tuple[str, str, float]] = field(default_factory=list)
     # job id -> per-query and per-step figures (jobs with spans or counts only)
     spans: dict[str, SpanFigures] = field(default_factory=dict)
-    # (host, device kind, joules)
-    idle: list[tuple[str, str, float]] = field(default_factory=list)
-    host: list[tuple[str, str, float]] = field(default_factory=list)
+    # (host, device key, device kind, joules)
+    idle: list[tuple[str, str, str, float]] = field(default_factory=list)
+    host: list[tuple[str, str, str, float]] = field(default_factory=list)
+    # (host, last batch stored, epoch seconds)
+    host_seen: list[tuple[str, float]] = field(default_factory=list)
 
 
-def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float) -> MetricsSnapshot:
-    """Totals for /metrics. A finished job stays ``retention_s`` after its end, so label sets stay bounded."""
+def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals: bool = True) -> MetricsSnapshot:
+    """Totals for /metrics. A finished job stays ``retention_s`` after its end, so label sets stay bounded.
+
+    ``totals=False`` (a replica that does not lead) only proves the database answers: an empty snapshot.
+    """
+    if not totals:
+        with _snapshot(engine) as conn:
+            conn.execute(select(1))
+        return MetricsSnapshot()
     jde = job_device_energy
     device_host = jde.join(devices, jde.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id)
     visible = or_(jobs.c.ended_at_s.is_(None), jobs.c.ended_at_s >= now_s - retention_s)
     snap = MetricsSnapshot()
     with _snapshot(engine) as conn:
-        for job_id, name, kind, host, device_kind, energy_j in conn.execute(
-            select(jobs.c.id, jobs.c.name, jobs.c.kind, hosts.c.name, devices.c.kind, func.sum(jde.c.energy_j))
+        for r in conn.execute(
+            select(jobs.c.id, jobs.c.name, jobs.c.kind, jobs.c.ended_at_s, jobs.c.labels).where(visible)
+        ):
+            labels = {str(k): str(v) for k, v in (r.labels or {}).items()}
+            snap.jobs[r.id] = MetricsJob(r.name, r.kind, r.ended_at_s is None, labels)
+        for job_id, host, device_kind, energy_j in conn.execute(
+            select(jde.c.job_id, hosts.c.name, devices.c.kind, func.sum(jde.c.energy_j))
             .select_from(device_host.join(jobs, jobs.c.id == jde.c.job_id))
             .where(visible)
-            .group_by(jobs.c.id, jobs.c.name, jobs.c.kind, hosts.c.name, devices.c.kind)
+            .group_by(jde.c.job_id, hosts.c.name, devices.c.kind)
         ):
-            snap.job_energy.append((job_id, name, kind, host, device_kind, float(energy_j)))
-        energy_by_job: dict[str, float] = {}
-        for job_id, *_, energy_j in snap.job_energy:
-            energy_by_job[job_id] = energy_by_job.get(job_id, 0.0) + energy_j
+            if job_id in snap.jobs:
+                snap.job_energy.append((job_id, host, device_kind, float(energy_j)))
+                snap.jobs[job_id].energy_j += float(energy_j)
+        for job_id, host, power_w in conn.execute(
+            select(job_hosts.c.job_id, hosts.c.name, job_hosts.c.power_w)
+            .select_from(job_hosts.join(hosts, job_hosts.c.host_id == hosts.c.id).join(jobs))
+            .where(jobs.c.ended_at_s.is_(None), job_hosts.c.power_at_s >= now_s - POWER_FRESH_S)
+        ):
+            if job_id in snap.jobs and power_w is not None and math.isfinite(power_w):
+                snap.job_power.append((job_id, host, float(power_w)))
         snap.spans = read_span_figures(conn, select(jobs.c.id).where(visible))
-        for r in conn.execute(
-            select(jobs.c.id, jobs.c.name, jobs.c.kind, jobs.c.ended_at_s, jobs.c.started_at_s).where(visible)
-        ):
-            figures = snap.spans.get(r.id, SpanFigures())
-            snap.jobs[r.id] = (
-                r.name,
-                r.kind,
-                r.ended_at_s is None,
-                r.started_at_s,
-                energy_by_job.get(r.id, 0.0),
-                figures.queries,
-                figures.tokens_in + figures.tokens_out,
-            )
+        for job_id, figures in snap.spans.items():
+            if job_id in snap.jobs:
+                snap.jobs[job_id].queries = figures.queries
+                snap.jobs[job_id].tokens = figures.tokens_in + figures.tokens_out
         idle_host = idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
             hosts, devices.c.host_id == hosts.c.id
         )
         idle_rows = conn.execute(
-            select(hosts.c.name, devices.c.kind, func.sum(idle_energy.c.energy_j))
+            select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(idle_energy.c.energy_j))
             .select_from(idle_host)
-            .group_by(hosts.c.name, devices.c.kind)
+            .group_by(hosts.c.name, devices.c.key, devices.c.kind)
         ).all()
         # Every job ever, not only visible ones: a host's energy counter must never go down.
         job_rows = conn.execute(
-            select(hosts.c.name, devices.c.kind, func.sum(jde.c.energy_j))
+            select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(jde.c.energy_j))
             .select_from(device_host)
-            .group_by(hosts.c.name, devices.c.kind)
+            .group_by(hosts.c.name, devices.c.key, devices.c.kind)
         ).all()
-    host_totals: dict[tuple[str, str], float] = {}
-    for host, device_kind, energy_j in idle_rows:
-        snap.idle.append((host, device_kind, float(energy_j)))
-        host_totals[(host, device_kind)] = host_totals.get((host, device_kind), 0.0) + float(energy_j)
-    for host, device_kind, energy_j in job_rows:
-        host_totals[(host, device_kind)] = host_totals.get((host, device_kind), 0.0) + float(energy_j)
-    snap.host = [(h, k, e) for (h, k), e in sorted(host_totals.items())]
+        snap.host_seen = [
+            (name, float(seen_s)) for name, seen_s in conn.execute(select(hosts.c.name, hosts.c.last_seen_s))
+        ]
+    host_totals: dict[tuple[str, str, str], float] = {}
+    for host, key, device_kind, energy_j in idle_rows:
+        snap.idle.append((host, key, device_kind, float(energy_j)))
+        host_totals[(host, key, device_kind)] = host_totals.get((host, key, device_kind), 0.0) + float(energy_j)
+    for host, key, device_kind, energy_j in job_rows:
+        host_totals[(host, key, device_kind)] = host_totals.get((host, key, device_kind), 0.0) + float(energy_j)
+    snap.host = [(h, k, dk, e) for (h, k, dk), e in sorted(host_totals.items())]
     return snap

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, String, Text, bindparam, case, cast, select, update
+from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, cast, or_, select, update
 
 from wattwatch import wire
 from wattwatch.accounting.rollup import IntervalIn, JobHostTotals, rollup_intervals
@@ -359,6 +359,10 @@ def _add_job_hosts(conn: Connection, host_id: int, totals: dict[str, JobHostTota
         return
     stmt = upsert(conn, job_hosts)
     new = stmt.excluded
+    newer_power = and_(
+        new.power_at_s.is_not(None),
+        or_(job_hosts.c.power_at_s.is_(None), new.power_at_s >= job_hosts.c.power_at_s),
+    )
     conn.execute(
         stmt.on_conflict_do_update(
             index_elements=[job_hosts.c.job_id, job_hosts.c.host_id],
@@ -366,6 +370,9 @@ def _add_job_hosts(conn: Connection, host_id: int, totals: dict[str, JobHostTota
                 "peak_power_w": greatest(conn, job_hosts.c.peak_power_w, new.peak_power_w),
                 "first_s": least(conn, job_hosts.c.first_s, new.first_s),
                 "last_s": greatest(conn, job_hosts.c.last_s, new.last_s),
+                # Batches can arrive out of order (retries): power now moves forward in time only.
+                "power_w": case((newer_power, new.power_w), else_=job_hosts.c.power_w),
+                "power_at_s": case((newer_power, new.power_at_s), else_=job_hosts.c.power_at_s),
             },
         ),
         [
@@ -375,6 +382,8 @@ def _add_job_hosts(conn: Connection, host_id: int, totals: dict[str, JobHostTota
                 "peak_power_w": t.peak_power_w,
                 "first_s": t.first_s,
                 "last_s": max(t.last_s, t.first_s),
+                "power_w": t.recent_power_w,
+                "power_at_s": t.recent_at_s,
             }
             for job_id, t in sorted(totals.items())
         ],

@@ -1,13 +1,16 @@
 """Alembic environment: runs on the connection ``wattwatch.storage.migrate`` hands over.
 
-Called with a URL instead (``-x url=...`` from a developer's alembic command line) it builds its
-own engine with wattwatch's settings, so SQLite pragmas and the psycopg driver mapping still apply.
+Run from the repository root (``alembic upgrade head``, with the ``alembic.ini`` there) it migrates the
+database wattwatch's settings name (``WATTWATCH_DB``, else the embedded SQLite under ``$WATTWATCH_HOME``),
+or the one given with ``-x url=...``; it builds its own engine with wattwatch's settings, so SQLite pragmas
+and the psycopg driver mapping still apply.
 """
 
 from __future__ import annotations
 
 from alembic import context
 
+from wattwatch.config import load_settings
 from wattwatch.storage.engine import WRITE_TX, make_engine
 from wattwatch.storage.tables import metadata
 
@@ -32,7 +35,10 @@ def run_migrations_online() -> None:
         return
     url = context.get_x_argument(as_dictionary=True).get("url") or context.config.get_main_option("sqlalchemy.url")
     if not url:
-        raise SystemExit("no database: pass -x url=sqlite:///path/wattwatch.db")
+        settings = load_settings()
+        if not settings.db_url:
+            settings.home.mkdir(parents=True, exist_ok=True)
+        url = settings.resolved_db_url
     engine = make_engine(url, create=True)
     try:
         with engine.connect().execution_options(**{WRITE_TX: True}) as conn:

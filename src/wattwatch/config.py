@@ -42,6 +42,8 @@ class Settings:
     cpu_tdp_w: float = 0.0
     # Finished jobs leave /metrics after this long, so label cardinality stays bounded.
     metrics_retention_s: float = 3600.0
+    # The agent's own Prometheus /metrics (HOST:PORT); empty: not served.
+    metrics_listen: str = ""
 
     @property
     def socket_path(self) -> Path:
@@ -78,6 +80,7 @@ _ENV = {
     "pue": "WATTWATCH_PUE",
     "metrics_retention_s": "WATTWATCH_METRICS_RETENTION",
     "cpu_tdp_w": "WATTWATCH_CPU_TDP",
+    "metrics_listen": "WATTWATCH_METRICS_LISTEN",
 }
 
 

@@ -1,11 +1,19 @@
-"""Helpers for tests that run real wattwatch processes: free loopback ports, waiting on conditions."""
+"""Helpers for tests that run real processes: the wattwatch command, free loopback ports, waiting on
+conditions, and promtool's verdict on a /metrics text."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import unavailable
 
 WATTWATCH = [sys.executable, "-m", "wattwatch.cli"]
 
@@ -25,3 +33,28 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+# promtool's lint of a label name that is not snake_case; the message does not name the label.
+_CAMEL_CASE_LINT = re.compile(r"^\S+ label names should be written in 'snake_case' not 'camelCase'$")
+
+
+def promtool_check(text: str, camel_case_labels: Iterable[str] = ()) -> None:
+    """``promtool check metrics`` finds nothing wrong with ``text``.
+
+    ``camel_case_labels`` are label names kept camelCase on purpose (dcgm-exporter's ``UUID`` and
+    ``modelName``, for joins with its series): promtool's lint of those is allowed, and only when the
+    text's camelCase label names are exactly those. Without promtool the test skips (fails in CI).
+    """
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        unavailable("promtool not found (Debian: apt-get install prometheus)")
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    allowed = set(camel_case_labels)
+    if allowed:
+        names = {name for f in text_string_to_metric_families(text) for s in f.samples for name in s.labels}
+        assert {n for n in names if n != n.lower()} <= allowed, names
+        problems = [line for line in problems if not _CAMEL_CASE_LINT.match(line)]
+    # Exit status 3 is lint only; with the allowed lint filtered out nothing may be left.
+    assert result.returncode in ((0, 3) if allowed else (0,)) and not problems, result.stdout + result.stderr

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,7 +16,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
-from conftest import require_services, unavailable
+from procs import promtool_check
 from test_storage import T0, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.collector import create_app
@@ -307,7 +305,7 @@ def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
     later = client.get("/metrics").text
     assert 'job_id="train-1"' not in later
     assert 'wattwatch_host_energy_joules_total{device="gpu0",device_kind="gpu",host="h1"} 3000.0' in later
-    _promtool_check(r.text, tmp_path)
+    promtool_check(r.text)
 
 
 def test_metric_labels_allow_list(settings: Settings, db_engine: Engine, clock: Clock) -> None:
@@ -366,18 +364,6 @@ def test_replicas_export_database_totals_once(settings: Settings, pg_url: str, c
     finally:
         for e in engines:
             e.dispose()
-
-
-def _promtool_check(text: str, tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if require_services():
-            unavailable("promtool not found (Debian: apt-get install prometheus)")
-        return
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
-        result.stdout + result.stderr
-    )
 
 
 def test_apps_do_not_share_metrics(settings: Settings, db_engine: Engine) -> None:

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from wattwatch import __version__
 from wattwatch.config import Settings, load_settings, parse_listen
-from wattwatch.errors import WattwatchError
+from wattwatch.errors import ConfigError, WattwatchError
 from wattwatch.units import JOB_KINDS, parse_duration_s
 
 
@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "up",
         help="collector + local agent in one process (embedded SQLite by default)",
         formatter_class=_fmt(),
-        epilog="example:\n  wattwatch up --simulate 4 --listen 127.0.0.1:8470",
+        epilog="examples:\n  wattwatch up --simulate 4 --listen 127.0.0.1:8470\n"
+        "  wattwatch up --simulate 4 --metrics-listen 127.0.0.1:9471   the agent's own /metrics too",
     )
     _add_db(up)
     _add_listen(up)
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_fmt(),
         epilog="examples:\n  wattwatch agent --collector http://collector:8470 --interval 1\n"
         "  wattwatch agent --collector http://collector:8470 --scrape vllm:http://127.0.0.1:8000/metrics\n"
-        "  wattwatch agent --collector http://collector:8470 --proc-root /host/proc --kubelet-url https://NODE:10250/pods",
+        "  wattwatch agent --collector http://collector:8470 --proc-root /host/proc --kubelet-url https://NODE:10250/pods\n"
+        "  wattwatch agent --collector http://collector:8470 --metrics-listen 0.0.0.0:9471",
     )
     ag.add_argument("--collector", metavar="URL", help="collector base URL (default http://127.0.0.1:8470)")
     ag.add_argument("--token", help="bearer token for the collector")
@@ -172,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_agent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve the agent's own Prometheus /metrics there, e.g. 0.0.0.0:9471 "
+        "(default $WATTWATCH_METRICS_LISTEN; empty: not served)",
+    )
     p.add_argument(
         "--scrape",
         action="append",
@@ -258,6 +266,16 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         if args.command in ("up", "demo"):
             host, port = parse_listen(args.listen)
             changes["collector_url"] = f"http://{host}:{port}"
+    metrics_listen = getattr(args, "metrics_listen", None)
+    if metrics_listen is not None:
+        if metrics_listen:
+            try:
+                parse_listen(metrics_listen)
+            except ConfigError:
+                raise UsageError(
+                    f"--metrics-listen {metrics_listen!r} is not HOST:PORT; use e.g. 0.0.0.0:9471"
+                ) from None
+        changes["metrics_listen"] = metrics_listen
     if getattr(args, "interval", None) is not None:
         if not 0.05 <= args.interval <= 3600:
             raise UsageError(f"--interval {args.interval} is out of range; use 0.05 to 3600 seconds")

@@ -44,6 +44,8 @@ class Settings:
     metrics_retention_s: float = 3600.0
     # Job label keys exported as metric labels on the collector's job series (comma list, e.g. "team,namespace").
     metric_labels: str = ""
+    # The agent's own Prometheus /metrics (HOST:PORT); empty: not served.
+    metrics_listen: str = ""
 
     @property
     def socket_path(self) -> Path:
@@ -81,6 +83,7 @@ _ENV = {
     "metrics_retention_s": "WATTWATCH_METRICS_RETENTION",
     "metric_labels": "WATTWATCH_METRIC_LABELS",
     "cpu_tdp_w": "WATTWATCH_CPU_TDP",
+    "metrics_listen": "WATTWATCH_METRICS_LISTEN",
 }
 
 

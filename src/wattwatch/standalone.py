@@ -173,9 +173,13 @@ def run_up(
     stop.install()
     collector = Collector(settings, migrate=True)
     collector.start()
-    parts = build_agent(replace(settings, collector_url=collector.url), simulate=simulate, options=options)
-    agent = parts.agent
-    agent.start()
+    try:
+        parts = build_agent(replace(settings, collector_url=collector.url), simulate=simulate, options=options)
+        agent = parts.agent
+        agent.start()
+    except BaseException:
+        collector.stop()  # e.g. --metrics-listen on a taken port: leave nothing listening
+        raise
     gpus = [d for d in agent.sampler.devices.values() if d.kind == "gpu"]
     sources = sorted({f"{d.key}" for d in agent.sampler.devices.values()})
     announce(f"wattwatch up: collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
@@ -193,6 +197,8 @@ def run_up(
         f"wattwatch up: tag jobs with `wattwatch run --kind training --name NAME -- CMD`; "
         f"report: `wattwatch report` or {collector.url}/api/v1/report; metrics: {collector.url}/metrics"
     )
+    if agent.metrics_url:
+        announce(f"wattwatch up: the agent's own metrics on {agent.metrics_url}")
     drv: threading.Thread | None = None
     if driver is not None:
         drv = threading.Thread(target=driver, args=(settings, stop.event), name="wattwatch-demo", daemon=True)
@@ -239,6 +245,8 @@ def run_agent(
     )
     for s in parts.skipped:
         announce(f"wattwatch agent: skipped {s.name}: {s.reason}")
+    if parts.agent.metrics_url:
+        announce(f"wattwatch agent: metrics on {parts.agent.metrics_url}")
     options = parts.agent.options
     if parts.agent.tracker is not None:
         what = "discovering untagged GPU processes" if options.discover else "binding jobs by process only"

@@ -22,12 +22,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PushStats:
-    """Counters for the agent's self-metrics."""
+    """Counters for the agent's self-metrics (``agent.metrics``)."""
 
-    pushed: int = 0
-    failures: int = 0
-    refused: int = 0
+    pushed: int = 0  # batches the collector accepted
+    failures: int = 0  # attempts that failed: collector away, 5xx, auth
+    refused: int = 0  # batches refused for good and set aside
     last_error: str = ""
+    last_pushed_at_s: float = 0.0  # Unix time of the last accepted batch; 0: none yet
 
 
 class Pusher:
@@ -41,6 +42,7 @@ class Pusher:
         token: str = "",
         client: httpx.Client | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         max_backoff_s: float = 30.0,
     ) -> None:
         self.spool = spool
@@ -51,6 +53,7 @@ class Pusher:
         self._client = client or httpx.Client(timeout=10.0)
         self._headers = headers
         self._clock = clock
+        self._wall_clock = wall_clock
         self._max_backoff_s = max_backoff_s
         self._backoff_s = 0.0
         self._not_before = 0.0
@@ -80,6 +83,7 @@ class Pusher:
         if resp.is_success:
             self.spool.ack(seq)
             self.stats.pushed += 1
+            self.stats.last_pushed_at_s = self._wall_clock()
             self._backoff_s = 0.0
             return True
         if resp.status_code in (401, 403):

@@ -5,7 +5,8 @@ GPUs' processes, and the scraper (``agent.scrape``) reads serving engines' count
 Threads: APScheduler runs the tick (enqueue), the push and the scrape; one worker thread owns the
 sampler, the tracker and the job registry's changes, so every reading is taken in event order and every
 interval is closed with the job set that really held the device; the local API answers clients at once
-and never waits for a reading.
+and never waits for a reading. The self-metrics server (``agent.metrics``, with ``--metrics-listen``)
+answers scrapes from its own threads, reading thread-safe snapshots of the agent's state.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from wattwatch.agent.discover import ProcessClassifier
 from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
 from wattwatch.agent.kubelet import KubeletPods, PodLookup
 from wattwatch.agent.local_api import LocalApi
+from wattwatch.agent.metrics import DeviceTotals, MetricsServer, build_registry
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.procfs import ProcFs
@@ -119,6 +121,13 @@ class Agent:
         self.settings = settings
         self.options = options or AgentOptions()
         self.host = settings.host or socket.gethostname()
+        # Self-metrics: energy and power per device are added up as intervals close; the rest is read
+        # at scrape time. Served only with settings.metrics_listen (checked first: nothing is open yet).
+        self.device_totals = DeviceTotals()
+        self.metrics_registry = build_registry(self)
+        self._metrics: MetricsServer | None = None
+        if settings.metrics_listen:
+            self._metrics = MetricsServer(self.metrics_registry, settings.metrics_listen)
         self.sampler = Sampler(sensors)
         self.interval_s = tick_interval_s(settings.interval_s, self.sampler.sensors)
         fine_s = self.options.fine_interval_s if fine_interval_s is None else fine_interval_s
@@ -188,7 +197,23 @@ class Agent:
     # -- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Take the first reading, start the worker, the schedule and the local API."""
+        """Serve /metrics (with ``settings.metrics_listen``), take the first reading, start the worker,
+        the schedule and the local API."""
+        if self._metrics is not None:
+            self._metrics.start()  # first: a taken port must fail before anything else runs
+        try:
+            self._start()
+        except BaseException:
+            if self._metrics is not None:
+                self._metrics.stop()
+            raise
+
+    @property
+    def metrics_url(self) -> str | None:
+        """The URL of this agent's /metrics while it is served, else None."""
+        return self._metrics.url if self._metrics is not None else None
+
+    def _start(self) -> None:
         self.sampler.sample(self._shares)  # baseline: intervals start here
         self._worker.start()
         if self._fine_thread is not None:
@@ -216,6 +241,8 @@ class Agent:
         if self._stopped:
             return
         self._stopped = True
+        if self._metrics is not None:
+            self._metrics.stop()
         if self._api is not None:
             self._api.stop()
         self._scheduler.shutdown(wait=True)
@@ -385,6 +412,7 @@ class Agent:
         # then apply what this event changes.
         self._to_weigh = {}
         intervals = self.sampler.sample(self._shares, at_s=event.t_s if boundary else None)
+        self.device_totals.add(intervals)  # all of them, before some wait for the settler
         if self._to_weigh and self._settler is not None and self.tracker is not None:
             owners = self.tracker.owners()
             for iv in intervals:

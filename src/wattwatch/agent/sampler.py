@@ -10,6 +10,8 @@ energy.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +24,53 @@ log = logging.getLogger(__name__)
 SharesFn = Callable[[DeviceInfo, float, float], tuple[dict[str, float], float]]
 
 
+# Upper bounds of the sample-duration histogram (s): a tick read takes well under a millisecond per
+# device, a boundary read waits for the NVML counter's next update (up to about 0.25 s).
+SAMPLE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class SampleStats:
+    """How long reading every sensor took (a histogram) and how many reads failed per sensor.
+
+    The sampler's thread writes, the metrics scrape reads: a lock keeps a histogram's buckets, count and
+    sum consistent with each other.
+    """
+
+    def __init__(self, sensor_names: Sequence[str]) -> None:
+        self._lock = threading.Lock()
+        self._in_bucket = [0] * len(SAMPLE_BUCKETS_S)  # not cumulative; index len(...) would be +Inf
+        self._count = 0
+        self._sum_s = 0.0
+        # Every sensor from the start, so an alert on its error rate has a series before the first error.
+        self._errors = dict.fromkeys(sensor_names, 0)
+
+    def observe(self, duration_s: float, failed: Sequence[str]) -> None:
+        """Record one sample that took ``duration_s`` and in which the sensors ``failed`` raised."""
+        with self._lock:
+            for i, bound_s in enumerate(SAMPLE_BUCKETS_S):
+                if duration_s <= bound_s:
+                    self._in_bucket[i] += 1
+                    break
+            self._count += 1
+            self._sum_s += duration_s
+            for name in failed:
+                self._errors[name] = self._errors.get(name, 0) + 1
+
+    def histogram(self) -> tuple[list[tuple[float, int]], int, float]:
+        """(cumulative count per upper bound, count, sum in seconds); ``count`` is the +Inf bucket."""
+        with self._lock:
+            cumulative, running = [], 0
+            for bound_s, n in zip(SAMPLE_BUCKETS_S, self._in_bucket, strict=True):
+                running += n
+                cumulative.append((bound_s, running))
+            return cumulative, self._count, self._sum_s
+
+    def errors(self) -> dict[str, int]:
+        """Failed reads per sensor name since the start."""
+        with self._lock:
+            return dict(self._errors)
+
+
 @dataclass
 class _Last:
     t_s: float
@@ -32,7 +81,7 @@ class Sampler:
     """Reads every sensor and emits one ``wire.Interval`` per device since its previous reading.
 
     Not thread-safe on purpose: the agent drives it from a single worker thread, so readings are taken
-    in event order.
+    in event order. ``stats`` (duration and failures of every sample) may be read from any thread.
     """
 
     def __init__(self, sensors: Sequence[Sensor]) -> None:
@@ -43,6 +92,7 @@ class Sampler:
                 self._devices[dev.key] = dev
         self._last: dict[str, _Last] = {}
         self.last_t_s = 0.0
+        self.stats = SampleStats([s.name for s in self.sensors])
 
     @property
     def devices(self) -> Mapping[str, DeviceInfo]:
@@ -56,6 +106,8 @@ class Sampler:
         the boundary's change to the job registry.
         """
         readings: list[EnergyReading] = []
+        failed: list[str] = []
+        started_s = time.perf_counter()
         for sensor in self.sensors:
             try:
                 # A boundary earlier than the last reading (two events racing) is moved onto it:
@@ -65,7 +117,9 @@ class Sampler:
                 else:
                     readings.extend(sensor.read())
             except Exception:  # one broken sensor must not stop the others
+                failed.append(sensor.name)
                 log.exception("sensor %s failed to read; its devices get no interval this time", sensor.name)
+        self.stats.observe(time.perf_counter() - started_s, failed)
         # One stamp per sample: the sensors were read microseconds apart, and identical interval bounds
         # let the collector add a job's devices up tick by tick (peak power over all its GPUs).
         stamp_s = max((r.t_s for r in readings), default=0.0)

@@ -634,6 +634,32 @@ class NvmlSensor:
                 return set()
         return {int(p.pid) for p in procs}
 
+    def utilization_ratio(self, key: str) -> float | None:
+        """NVML's GPU utilisation of GPU ``key`` (``nvmlDeviceGetUtilizationRates().gpu``) as 0-1.
+
+        One NVML call, for the agent's /metrics at scrape time. None when the GPU is lost or the driver
+        does not report it (e.g. some vGPU/MIG setups); other NVML errors are logged once and give None
+        too: a scrape must never fail on one GPU. Unknown ``key`` raises DeviceNotFound.
+        """
+        dev = self._devices.get(key)
+        if dev is None:
+            raise DeviceNotFound(f"no GPU {key!r} here; known: {', '.join(self._devices) or 'none'}")
+        with self._lock:
+            if key in self._lost or self._closed:
+                return None
+            try:
+                with nvml_errors(self._nvml, f"reading {key}'s utilisation"):
+                    rates = self._nvml.nvmlDeviceGetUtilizationRates(dev.handle)
+            except NotSupported:
+                return None
+            except DeviceLost as exc:
+                self._mark_lost(dev, exc)
+                return None
+            except SensorError as exc:
+                self._warn_once(dev, exc)
+                return None
+        return min(max(float(rates.gpu) / 100.0, 0.0), 1.0)
+
     def process_utilization(self, key: str, since_s: float, until_s: float | None = None) -> dict[int, float]:
         """Mean SM utilisation (percent, 0-100) per pid on GPU ``key`` over ``(since_s, until_s]`` (None: now).
 

@@ -26,6 +26,7 @@ EXPECTED_ALERTS = {
     "WattwatchDeadBatches",
     "WattwatchIngestErrors",
     "WattwatchCollectorDatabaseDown",
+    "WattwatchMetricsLeaderCount",
 }
 
 

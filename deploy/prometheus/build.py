@@ -28,6 +28,7 @@ SPOOL_BATCHES = 300  # about 5 minutes of measurements at the default 1 s push i
 SPOOL_GROWING_FOR = "10m"
 INGEST_ERRORS_WINDOW = "10m"
 DATABASE_DOWN_FOR = "2m"
+LEADER_WRONG_FOR = "5m"
 
 Rule = dict[str, Any]
 
@@ -140,6 +141,20 @@ def groups() -> list[dict[str, Any]]:
             "job, idle and host series are missing. Check the database server is up and reachable from the "
             "collector, the credentials in --db, the connection limit (PostgreSQL max_connections), the disk, "
             "and the collector log.",
+        ),
+        alert(
+            "WattwatchMetricsLeaderCount",
+            "sum(wattwatch_collector_metrics_leader) != 1\n",
+            LEADER_WRONG_FOR,
+            "warning",
+            "{{ $value }} collectors export the database totals instead of one",
+            "For "
+            f"{LEADER_WRONG_FOR}, {{{{ $value }}}} collector replicas have exported the job, idle and host series "
+            "(wattwatch_collector_metrics_leader). Exactly one should: with none the dashboards are empty, with "
+            "several every sum over replicas counts those series more than once. On PostgreSQL the leader holds "
+            "an advisory lock, which needs a real database session: a transaction-pooling PgBouncer between the "
+            "collectors and PostgreSQL breaks it (point the collectors at PostgreSQL or a session pool). "
+            "Collectors on separate SQLite databases each lead: scrape one per Prometheus job, or drop the rule.",
         ),
     ]
     return [

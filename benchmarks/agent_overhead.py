@@ -398,7 +398,8 @@ def format_table(run: Run, args: argparse.Namespace, command: str) -> str:
         f"agent reading {args.gpus} simulated GPUs every {args.interval:g} s and pushing to a real collector (SQLite)"
         + (f", its /metrics scraped every {SCRAPE_EVERY_S:g} s" if args.metrics else "")
         + f", against CodeCarbon {_version('codecarbon')}'s OfflineEmissionsTracker reading the same simulated boards "
-        f"through the same fake pynvml; CPU = user+sys CPU-seconds of the process and its children per wall second; "
+        "through the same fake pynvml and keeping its figures in memory (save_to_file=False); CPU = user+sys "
+        "CPU-seconds of the process and its children per wall second; "
         f"both carry the simulator's reads, which real GPUs replace with driver calls "
         f"({psutil.cpu_count()} cores, {cpu_name}, Python {platform.python_version()}, psutil {psutil.__version__})."
     )

@@ -5,8 +5,8 @@
   visible to CodeCarbon by ``accuracy_methods.CodeCarbonShim``), plus whatever CPU and RAM tracking
   CodeCarbon does by default on this machine;
 - ``simulator``: only the simulated fleet, its boards read once per tick through the fake module as the
-  agent's tick reads them (energy counter, instant power, process list, utilisation), so the
-  simulator's own share of the agent's figure can be told apart.
+  agent's tick reads them (energy counter, instant power, process list), so the simulator's own share
+  of the agent's figure can be told apart.
 
 Each writes ``--ready`` once it is measuring and runs until SIGTERM; ``codecarbon`` then writes what the
 tracker measured to ``--result`` (JSON), so the caller can check it really tracked the GPUs.
@@ -99,7 +99,6 @@ def run_simulator(gpus: int, interval_s: float, ready: Path) -> int:
             nv.nvmlDeviceGetTotalEnergyConsumption(handle)
             nv.nvmlDeviceGetFieldValues(handle, [field])
             nv.nvmlDeviceGetComputeRunningProcesses(handle)
-            nv.nvmlDeviceGetUtilizationRates(handle)
         next_s += interval_s
     nv.nvmlShutdown()
     return 0

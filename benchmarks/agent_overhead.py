@@ -245,16 +245,18 @@ def ingest_counts(collector_url: str) -> dict[str, float]:
 
 
 def stop_all(procs: list[Measured]) -> None:
-    """SIGTERM every process (agent first, so its last push still finds the collector), then reap."""
-    for m in procs:
-        if m.popen.poll() is None:
-            m.popen.terminate()
-    for m in procs:
-        try:
-            m.popen.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            m.popen.kill()
-            m.popen.wait()
+    """SIGTERM and reap every process but the last, then the last (the collector: the agent's final
+    push still finds it)."""
+    for group in (procs[:-1], procs[-1:]):
+        for m in group:
+            if m.popen.poll() is None:
+                m.popen.terminate()
+        for m in group:
+            try:
+                m.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                m.popen.kill()
+                m.popen.wait()
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> Run:
@@ -340,7 +342,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> Run:
 
 
 def monitor(run: Run, watched: list[Measured], seconds: float, metrics_url: str | None, *, measuring: bool) -> None:
-    """For ``seconds``: sample CPU and RSS every ``SAMPLE_EVERY_S`` (when ``measuring``) and scrape the agent's
+    """For ``seconds``: sample RSS every ``SAMPLE_EVERY_S`` (when ``measuring``) and scrape the agent's
     /metrics every ``SCRAPE_EVERY_S`` (when asked), failing early if a process dies."""
     now = time.monotonic()
     end = now + seconds

@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -418,3 +419,31 @@ def test_queries_on_worker_threads_belong_to_the_job_the_main_thread_opened(tmp_
     finally:
         agent.stop(flush_timeout_s=0.5)
     assert [(q.job, q.tokens_out) for b in batches for q in b.queries] == [("srv-1", 2)]
+
+
+def test_job_start_pid_is_the_socket_peer(tmp_path: Path) -> None:
+    # A client in a container sends its pid in its own namespace; the kernel's view of the peer wins.
+    import subprocess
+    import sys
+
+    from wattwatch.agent.local_api import LocalApi
+
+    seen: list[dict[str, Any]] = []
+    api = LocalApi(tmp_path / "agent.sock", lambda msg: (seen.append(dict(msg)), {"ok": True})[1])
+    api.start()
+    try:
+        code = (
+            "import json, os, socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+            "for m in ({'op': 'job_start', 'id': 'a', 'name': 'a', 'pid': 1}, {'op': 'job_start', 'id': 'b'}):\n"
+            "    s.sendall(json.dumps(m).encode() + b'\\n'); s.makefile().readline()\n"
+            "print(os.getpid())\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "agent.sock")], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+    finally:
+        api.stop()
+    assert seen[0]["pid"] == int(done.stdout) != 1
+    assert "pid" not in seen[1]  # no pid sent (a Slurm prolog's socat): none is made up

@@ -14,6 +14,12 @@ Requests (``op`` names the operation; ``noreply: true`` makes it fire-and-forget
 
 Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "what to fix"}``; ``queries`` keeps the
 good spans of a message and answers ``accepted`` / ``rejected`` counts.
+
+``pid`` in ``job_start`` means "the process asking". The socket knows that process better than the
+message does: a client in a container (a Kubernetes pod mounting the agent's socket) sends its pid in
+its own namespace, while the agent (hostPID) needs the host's. So when the kernel names the peer
+(``SO_PEERCRED``, translated into the agent's pid namespace), that pid replaces the one sent; it is 0 for
+a peer outside the agent's namespace, and then the message's pid stands.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 import os
 import socket
 import socketserver
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -60,10 +67,11 @@ class LocalApi:
 
         class _Conn(socketserver.StreamRequestHandler):
             def handle(self) -> None:
+                peer_pid = _peer_pid(self.request)
                 for raw in self.rfile:
                     if len(raw) > MAX_LINE_BYTES:
                         break
-                    reply = _dispatch(handler, raw)
+                    reply = _dispatch(handler, raw, peer_pid)
                     if reply is not None:
                         try:
                             self.wfile.write(json.dumps(reply).encode() + b"\n")
@@ -89,13 +97,25 @@ class LocalApi:
             self.path.unlink()
 
 
-def _dispatch(handler: Handler, raw: bytes) -> dict[str, Any] | None:
+def _peer_pid(sock: Any) -> int:
+    """The connected process's pid in this process's pid namespace; 0 when unknown (or outside it)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):  # not Linux, or not a Unix socket
+        return 0
+    pid, _uid, _gid = struct.unpack("3i", raw)
+    return max(int(pid), 0)
+
+
+def _dispatch(handler: Handler, raw: bytes, peer_pid: int = 0) -> dict[str, Any] | None:
     try:
         msg = json.loads(raw)
         if not isinstance(msg, dict):
             raise ValueError("a request is a JSON object")
     except ValueError as exc:
         return {"ok": False, "error": f"bad request: {exc}"}
+    if peer_pid and msg.get("op") == "job_start" and "pid" in msg:
+        msg["pid"] = peer_pid
     noreply = bool(msg.get("noreply"))
     try:
         reply = handler(msg)

@@ -516,6 +516,10 @@ class Agent:
         ended = adoption.ended + [m for m in checkpoint.jobs if not m.explicit and m.id not in open_ids]
         for mark in ended:
             jobs.append(_ended_at_restart(mark, checkpoint.t_s))
+            if self._hook is not None and mark.explicit:
+                # Simulated boards learn that the job's processes are gone (a real GPU shows it by itself).
+                self._hook.job_started(mark.id, mark.kind, mark.devices, min(mark.pids, default=None), t_s)
+                self._hook.job_ended(mark.id, t_s)
             log.info("job %s ended when last seen (%.1f s ago): its processes are gone", mark.id, t_s - checkpoint.t_s)
         # The gap is the jobs' that were open before it and still are; the rest of it is idle.
         carried = open_ids & {m.id for m in checkpoint.jobs}

@@ -7,6 +7,10 @@ sampler, the tracker and the job registry's changes, so every reading is taken i
 interval is closed with the job set that really held the device; the local API answers clients at once
 and never waits for a reading. The self-metrics server (``agent.metrics``, with ``--metrics-listen``)
 answers scrapes from its own threads, reading thread-safe snapshots of the agent's state.
+
+Every batch goes into the spool with a restart checkpoint (``agent.restore``); on start, before the
+worker runs, the agent takes over from the one before it: bridges the gap by the counters, re-adopts
+the jobs whose processes still run, ends the others when last seen.
 """
 
 from __future__ import annotations

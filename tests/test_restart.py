@@ -22,7 +22,9 @@ from wattwatch.agent.spool import Spool
 from wattwatch.collector.silent_scheduler import SilentHostScheduler
 from wattwatch.config import Settings
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
+from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.rapl import RaplSensor
+from wattwatch.sensors.simulated import SimulatedFleet
 from wattwatch.storage.repository import build_report, end_job, ingest_batch, upsert_job
 from wattwatch.storage.tables import jobs
 
@@ -98,6 +100,45 @@ def test_rapl_readings_carry_the_raw_counter_across_a_wrap(tmp_path: Path) -> No
     second = sensor.read()[0]
     assert second.energy_j - first.energy_j == pytest.approx(15.0)
     assert second.counter_j == pytest.approx(5.0)
+
+
+class SimClock(FakeClock):
+    def sleep(self, dt_s: float) -> None:
+        self.t_s += dt_s
+
+
+def nvml_mark(sensor: NvmlSensor) -> DeviceMark:
+    reading = sensor.read()[0]
+    info = sensor.devices()[0]
+    return DeviceMark(
+        key=reading.device,
+        t_s=reading.t_s,
+        energy_j=reading.energy_j,
+        source=reading.source,
+        uuid=info.uuid,
+        counter_j=reading.counter_j,
+        power_limit_w=info.power_limit_w,
+    )
+
+
+def test_nvml_counter_bridges_a_new_sensor_process_and_a_reset_is_a_gap() -> None:
+    clock = SimClock()
+    fleet = SimulatedFleet(1, seed=4, clock=clock)
+    fleet.set_activity(0, "training", T0 + 1.0, pid=10)
+    clock.t_s = T0 + 30.0
+    before = nvml_mark(NvmlSensor(fleet.module(), clock=clock, sleep=clock.sleep, power_sample_interval_s=None))
+    clock.t_s += 10.0
+    # A new sensor, as in a restarted agent: its own joules start from scratch, the counter does not.
+    after = nvml_mark(NvmlSensor(fleet.module(), clock=clock, sleep=clock.sleep, power_sample_interval_s=None))
+    gap = bridge(before, after, same_boot=True, max_gap_s=3600.0)
+    assert gap is not None and gap.flag == BRIDGED
+    exact_j = fleet.exact_energy_j(0, before.t_s, after.t_s)
+    assert gap.energy_j == pytest.approx(exact_j, rel=1e-3)
+    fleet.reset_counter(0, clock.t_s + 1.0)  # a driver reload while no agent runs
+    clock.t_s += 10.0
+    reset = nvml_mark(NvmlSensor(fleet.module(), clock=clock, sleep=clock.sleep, power_sample_interval_s=None))
+    gap = bridge(after, reset, same_boot=True, max_gap_s=3600.0)
+    assert gap is not None and gap.flag == GAP and "went back" in gap.why and gap.energy_j == 0.0
 
 
 # -- re-adopting jobs ---------------------------------------------------------------------------------

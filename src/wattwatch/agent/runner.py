@@ -209,7 +209,7 @@ class Agent:
         self._events: queue.Queue[_Event] = queue.Queue()
         self._enqueue_lock = threading.Lock()
         # Restarts (agent.restore): the checkpoint goes into the spool with every batch.
-        self._boot_id = read_boot_id(self.options.proc_root)
+        self._boot_id = read_boot_id(self.procfs.root)
         self._pid_starts = PidStarts(self.procfs)
         self._watch: dict[str, dict[int, int]] = {}  # re-adopted job -> pid -> start ticks, until they end
         self.outbox = Outbox(self.spool, agent_id, self.host, self.sampler.wire_devices, clock, boot_id=self._boot_id)

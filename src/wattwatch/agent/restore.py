@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from wattwatch import wire
 from wattwatch.agent.jobs import ActiveJob
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.units import JobKind, Source
@@ -164,6 +165,46 @@ def bridge(before: DeviceMark, after: DeviceMark, *, same_boot: bool, max_gap_s:
     if why:
         return Bridge(before.t_s, after.t_s, 0.0, GAP, why)
     return Bridge(before.t_s, after.t_s, delta_j, BRIDGED)
+
+
+def gap_intervals(
+    checkpoint: Checkpoint,
+    now: Mapping[str, DeviceMark],
+    gpu_holders: Mapping[str, Sequence[str]],
+    *,
+    same_boot: bool,
+    max_gap_s: float,
+) -> list[wire.Interval]:
+    """One interval per device over its gap, from the checkpoint's reading to ``now``'s: bridged, or
+    flagged with no energy (``bridge``). A GPU's belongs to ``gpu_holders`` (the jobs open before the gap
+    that still run), equally until weighed; everything else's to idle (the jobs' CPU time over the gap is
+    not known)."""
+    out: list[wire.Interval] = []
+    for key, before in checkpoint.devices.items():
+        after = now.get(key)
+        if after is None:
+            log.info("%s was measured before the restart but is not now; its gap is not accounted", key)
+            continue
+        gap = bridge(before, after, same_boot=same_boot, max_gap_s=max_gap_s)
+        if gap is None:
+            continue
+        gap_s = gap.t_end_s - gap.t_start_s
+        if gap.why:
+            log.warning("%s: %.1f s unmeasured while the agent was down: %s", key, gap_s, gap.why)
+        else:
+            log.info("%s: bridged %.1f s while the agent was down (%.1f J)", key, gap_s, gap.energy_j)
+        out.append(
+            wire.Interval(
+                device=key,
+                t_start_s=gap.t_start_s,
+                t_end_s=gap.t_end_s,
+                energy_j=gap.energy_j,
+                source=after.source,
+                shares=dict.fromkeys(gpu_holders.get(key, ()), 1.0),
+                flags=[gap.flag],
+            )
+        )
+    return out
 
 
 class PidStarts:

@@ -46,7 +46,7 @@ from wattwatch.agent.restore import (
     JobMark,
     PidStarts,
     adopt,
-    bridge,
+    gap_intervals,
     gone,
     read_boot_id,
 )
@@ -527,45 +527,18 @@ class Agent:
             log.info("job %s ended when last seen (%.1f s ago): its processes are gone", mark.id, t_s - checkpoint.t_s)
         # The gap is the jobs' that were open before it and still are; the rest of it is idle.
         carried = open_ids & {m.id for m in checkpoint.jobs}
-        holders = self.registry.holders()
+        gpu_holders = {
+            key: [j for j in ids if j in carried]
+            for key, ids in self.registry.holders().items()
+            if key in self.sampler.devices and self.sampler.devices[key].kind == "gpu"
+        }
         self._cpu.shares(self.registry.snapshot(), 0.0)  # CPU time counts from here (unknown over the gap)
-        self._to_weigh = {}
-        intervals: list[wire.Interval] = []
-        for key, before in checkpoint.devices.items():
-            after, device = now.get(key), self.sampler.devices.get(key)
-            if after is None or device is None:
-                log.info("%s was measured before the restart but is not now; its gap is not accounted", key)
-                continue
-            gap = bridge(before, after, same_boot=same_boot, max_gap_s=self.settings.restart_bridge_max_s)
-            if gap is None:
-                continue
-            shares: dict[str, float] = {}
-            if device.kind == "gpu":
-                shares = dict.fromkeys((j for j in holders.get(key, []) if j in carried), 1.0)
-                if len(shares) > 1 and self._settler is not None:
-                    self._to_weigh[key] = tuple(shares)
-            intervals.append(
-                wire.Interval(
-                    device=key,
-                    t_start_s=gap.t_start_s,
-                    t_end_s=gap.t_end_s,
-                    energy_j=gap.energy_j,
-                    source=after.source,
-                    shares=shares,
-                    flags=[gap.flag],
-                )
-            )
-            if gap.why:
-                log.warning(
-                    "%s: %.1f s unmeasured while the agent was down: %s", key, gap.t_end_s - gap.t_start_s, gap.why
-                )
-            else:
-                log.info(
-                    "%s: bridged %.1f s while the agent was down (%.1f J)",
-                    key,
-                    gap.t_end_s - gap.t_start_s,
-                    gap.energy_j,
-                )
+        intervals = gap_intervals(
+            checkpoint, now, gpu_holders, same_boot=same_boot, max_gap_s=self.settings.restart_bridge_max_s
+        )
+        self._to_weigh = {
+            iv.device: tuple(iv.shares) for iv in intervals if len(iv.shares) > 1 and self._settler is not None
+        }
         intervals = self._hold_shared(intervals)
         self.outbox.add(
             intervals=intervals,

@@ -443,3 +443,28 @@ def test_counter_quantum_and_custom_generation() -> None:
     assert all(v % 1000 == 0 for v in values) and len(values) > 40
     with pytest.raises(ValueError):
         BoardGeneration("bad", "x", 100.0, 1, sampled_fraction=0.0)
+
+
+def test_resume_continues_the_same_boards_in_a_new_process(tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    clock = FakeClock(T0)
+    first = SimulatedFleet(2, seed=3, clock=clock, truth_path=truth)
+    first.set_activity(0, "training", T0 + 1.0, pid=100)
+    clock.t_s = T0 + 5.0
+    counter_mj = first.counter_mj(0, T0 + 5.0)
+    with truth.open("a") as f:
+        f.write('{"index": 0, "ki')  # the killed process was writing a line
+    clock.t_s = T0 + 15.0
+    again = SimulatedFleet.resume(truth, 2, seed=3, clock=clock)
+    # Same "driver load": the counter kept counting through the gap, on the same update grid.
+    assert again.created_s == first.created_s
+    assert again.counter_mj(0, T0 + 5.0) == counter_mj
+    assert again.counter_mj(0, T0 + 15.0) > counter_mj
+    assert again.activity(0, T0 + 10.0) == "training" and again.pids(0, T0 + 10.0) == {100}
+    again.set_activity(0, "idle", T0 + 16.0)
+    replayed = SimulatedFleet.replay(truth, 2, seed=3)
+    assert replayed.activity(0, T0 + 17.0) == "idle"
+    assert replayed.exact_energy_j(0, T0, T0 + 20.0) == again.exact_energy_j(0, T0, T0 + 20.0)
+    # Another fleet (size, seed or generation) starts afresh.
+    other = SimulatedFleet.resume(truth, 3, seed=3, clock=clock)
+    assert other.created_s == T0 + 15.0 and other.activity(0, T0 + 10.0) == "idle"

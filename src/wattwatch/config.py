@@ -46,6 +46,11 @@ class Settings:
     metric_labels: str = ""
     # The agent's own Prometheus /metrics (HOST:PORT); empty: not served.
     metrics_listen: str = ""
+    # A restarted agent bridges a device's gap by its energy counter's delta up to this long (longer: the
+    # gap is flagged, no energy invented).
+    restart_bridge_max_s: float = 21600.0
+    # The collector ends the running jobs of hosts it has not heard from for this long (0: never).
+    host_silent_after_s: float = 600.0
 
     @property
     def socket_path(self) -> Path:
@@ -84,6 +89,8 @@ _ENV = {
     "metric_labels": "WATTWATCH_METRIC_LABELS",
     "cpu_tdp_w": "WATTWATCH_CPU_TDP",
     "metrics_listen": "WATTWATCH_METRICS_LISTEN",
+    "restart_bridge_max_s": "WATTWATCH_RESTART_BRIDGE_MAX",
+    "host_silent_after_s": "WATTWATCH_HOST_SILENT_AFTER",
 }
 
 

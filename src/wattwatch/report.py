@@ -69,6 +69,7 @@ _CSV_FIELDS = (
     "energy_per_step_j",
     "energy_per_step_p50_j",
     "energy_per_step_p95_j",
+    "ended_by",
 )
 
 
@@ -114,7 +115,10 @@ def _cell(job: Mapping[str, Any], key: str) -> str:
     if key == "id":
         return str(value)[:12]
     if key == "status":
-        return "running" if job.get("ended_at") is None else "done"
+        if job.get("ended_at") is None:
+            return "running"
+        # A job ended for it (its agent went silent, its processes vanished while the agent was down).
+        return f"done ({job['ended_by']})" if job.get("ended_by") else "done"
     if key == "duration_s":
         return format_duration(value)
     if key.endswith("_j"):

@@ -65,19 +65,31 @@ class AgentClient:
             return self._spans
 
     def request(self, msg: Mapping[str, Any]) -> dict[str, Any]:
-        """Send ``msg`` and wait (at most ``timeout_s``) for the reply; raises OSError when unreachable."""
+        """Send ``msg`` and wait (at most ``timeout_s``) for the reply; raises OSError when unreachable.
+
+        A connection that broke since its last use (the agent restarted) is replaced once, so a job that
+        the restarted agent re-adopted still ends when its process says so.
+        """
         line = json.dumps(dict(msg)).encode() + b"\n"
         with self._lock:
-            sock = self._connect()
-            try:
-                sock.sendall(line)
-                reply = self._file.readline()
-            except OSError:
-                self._close()
-                raise
-            if not reply:
-                self._close()
-                raise ConnectionError(f"the wattwatch agent at {self.path} closed the connection")
+            while True:
+                reused = self._sock is not None
+                sock = self._connect()
+                try:
+                    sock.sendall(line)
+                    reply = self._file.readline()
+                except OSError as exc:
+                    self._close()
+                    # Only a connection the agent's end dropped; after a timeout it may have acted on it.
+                    if reused and isinstance(exc, BrokenPipeError | ConnectionResetError):
+                        continue
+                    raise
+                if not reply:
+                    self._close()
+                    if reused:
+                        continue
+                    raise ConnectionError(f"the wattwatch agent at {self.path} closed the connection")
+                break
         result: dict[str, Any] = json.loads(reply)
         return result
 

@@ -87,7 +87,8 @@ def build_agent(
         if simulate < 0 or simulate > 64:
             raise ConfigError(f"--simulate takes 1 to 64 GPUs, got {simulate}")
         settings.home.mkdir(parents=True, exist_ok=True)
-        fleet = SimulatedFleet(simulate, seed=seed, truth_path=settings.home / "simulated-gpus.jsonl")
+        # The boards outlive the agent, as real ones do: a restarted agent finds their counters still counting.
+        fleet = SimulatedFleet.resume(settings.home / "simulated-gpus.jsonl", simulate, seed=seed)
     found = discover(simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None)  # 0: look the TDP up
     agent = Agent(
         settings,

@@ -65,8 +65,16 @@ class Interval(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("@energy_j: must be finite")
 
 
+EndedBy = Annotated[str, msgspec.Meta(min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$")]
+
+
 class Job(msgspec.Struct, forbid_unknown_fields=True):
-    """A job as one host sees it: sent at start (``ended_at_s`` null) and again at end."""
+    """A job as one host sees it: sent at start (``ended_at_s`` null) and again at end.
+
+    ``ended_by`` says why an end was not the job's own (null: its process or client ended it):
+    ``agent-restart`` (its processes were gone when the agent came back; ended when last seen) or
+    ``process-gone`` (a job the restarted agent re-adopted ended without telling it).
+    """
 
     id: Key
     name: Name
@@ -76,6 +84,7 @@ class Job(msgspec.Struct, forbid_unknown_fields=True):
     devices: list[Key] = []
     labels: dict[str, str] = {}
     pid: NonNegInt | None = None
+    ended_by: EndedBy | None = None
 
     def __post_init__(self) -> None:
         if self.ended_at_s is not None and self.ended_at_s < self.started_at_s:

@@ -8,9 +8,10 @@ which is what makes a batch idempotent at the collector.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from wattwatch import wire
+from wattwatch.agent.restore import Checkpoint, DeviceMark, JobMark
 from wattwatch.agent.spool import Spool
 
 
@@ -24,6 +25,7 @@ class Outbox:
         host: str,
         devices: Callable[[], list[wire.Device]],
         clock: Callable[[], float],
+        boot_id: str | None = None,
     ) -> None:
         self.spool = spool
         self.agent_id = agent_id
@@ -31,10 +33,17 @@ class Outbox:
         self._devices = devices
         self._clock = clock
         self._lock = threading.Lock()
+        self._seal_lock = threading.Lock()
         self._intervals: list[wire.Interval] = []
         self._jobs: list[wire.Job] = []
         self._queries: list[wire.Query] = []
         self._counts: list[wire.QueryCount] = []
+        # The restart checkpoint as of what was added so far: per device the reading where its last added
+        # interval ends, and the open jobs as of the last worker event.
+        self._boot_id = boot_id
+        self._marks: dict[str, DeviceMark] = {}
+        self._open_jobs: list[JobMark] | None = None
+        self._open_at_s = 0.0
 
     def add(
         self,
@@ -43,21 +52,40 @@ class Outbox:
         jobs: Iterable[wire.Job] = (),
         queries: Iterable[wire.Query] = (),
         counts: Iterable[wire.QueryCount] = (),
+        marks: Mapping[str, DeviceMark] | None = None,
+        open_jobs: tuple[float, list[JobMark]] | None = None,
     ) -> None:
-        """Queue records for the next batch."""
+        """Queue records for the next batch. ``marks`` (the readings where ``intervals`` end) and
+        ``open_jobs`` (the jobs open from a time on) update the checkpoint sealed with them."""
         with self._lock:
             self._intervals.extend(intervals)
             self._jobs.extend(jobs)
             self._queries.extend(queries)
             self._counts.extend(counts)
+            if marks:
+                for key, mark in marks.items():
+                    known = self._marks.get(key)
+                    if known is None or mark.t_s >= known.t_s:
+                        self._marks[key] = mark
+            if open_jobs is not None and open_jobs[0] >= self._open_at_s:
+                self._open_at_s, self._open_jobs = open_jobs
 
     def seal(self) -> int | None:
         """Move everything pending into one durable batch; returns its seq (None when nothing was pending)."""
+        # One seal at a time (the push job's and the worker's): the spool must store checkpoints in the
+        # order of their batches, or a restart would bridge from a reading some batch already covers.
+        with self._seal_lock:
+            return self._seal()
+
+    def _seal(self) -> int | None:
         with self._lock:
             if not (self._intervals or self._jobs or self._queries or self._counts):
                 return None
             intervals, jobs, queries, counts = self._intervals, self._jobs, self._queries, self._counts
             self._intervals, self._jobs, self._queries, self._counts = [], [], [], []
+            checkpoint = None
+            if self._open_jobs is not None:
+                checkpoint = Checkpoint(self._open_at_s, self._boot_id, dict(self._marks), list(self._open_jobs))
         seq = self.spool.next_seq()
         batch = wire.Batch(
             agent_id=self.agent_id,
@@ -70,5 +98,7 @@ class Outbox:
             queries=queries,
             query_counts=counts,
         )
-        self.spool.put(seq, wire.encode(batch), created_s=batch.sent_at_s)
+        self.spool.put(
+            seq, wire.encode(batch), created_s=batch.sent_at_s, checkpoint=checkpoint.to_json() if checkpoint else None
+        )
         return seq

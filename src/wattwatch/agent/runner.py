@@ -7,6 +7,10 @@ sampler, the tracker and the job registry's changes, so every reading is taken i
 interval is closed with the job set that really held the device; the local API answers clients at once
 and never waits for a reading. The self-metrics server (``agent.metrics``, with ``--metrics-listen``)
 answers scrapes from its own threads, reading thread-safe snapshots of the agent's state.
+
+Every batch goes into the spool with a restart checkpoint (``agent.restore``); on start, before the
+worker runs, the agent takes over from the one before it: bridges the gap by the counters, re-adopts
+the jobs whose processes still run, ends the others when last seen.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from wattwatch import wire
@@ -34,6 +39,17 @@ from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.requests import ResolveVisible, parse_job_start, parse_span, parse_spans
+from wattwatch.agent.restore import (
+    ENDED_AT_RESTART,
+    ENDED_PROCESS_GONE,
+    Checkpoint,
+    JobMark,
+    PidStarts,
+    adopt,
+    gap_intervals,
+    gone,
+    read_boot_id,
+)
 from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.scrape import Scraper
 from wattwatch.agent.sharing import ShareSettler
@@ -65,6 +81,21 @@ class _Event:
     job: ActiveJob | None = None
     job_id: str = ""
     done: threading.Event | None = None
+
+
+def _ended_at_restart(mark: JobMark, last_seen_s: float) -> wire.Job:
+    """The end record of a job whose processes were gone when the agent came back."""
+    return wire.Job(
+        id=mark.id,
+        name=mark.name,
+        kind=mark.kind,
+        started_at_s=mark.started_at_s,
+        ended_at_s=max(last_seen_s, mark.started_at_s),
+        devices=list(mark.devices),
+        labels=dict(mark.labels),
+        pid=min(mark.pids) if mark.pids else None,
+        ended_by=ENDED_AT_RESTART,
+    )
 
 
 def tick_interval_s(interval_s: float, sensors: Sequence[Sensor]) -> float:
@@ -177,10 +208,16 @@ class Agent:
         self._cpu = CpuTimeMeter(procfs=self.procfs)
         self._events: queue.Queue[_Event] = queue.Queue()
         self._enqueue_lock = threading.Lock()
-        self.outbox = Outbox(self.spool, agent_id, self.host, self.sampler.wire_devices, clock)
+        # Restarts (agent.restore): the checkpoint goes into the spool with every batch.
+        self._boot_id = read_boot_id(self.procfs.root)
+        self._pid_starts = PidStarts(self.procfs)
+        self._watch: dict[str, dict[int, int]] = {}  # re-adopted job -> pid -> start ticks, until they end
+        self.outbox = Outbox(self.spool, agent_id, self.host, self.sampler.wire_devices, clock, boot_id=self._boot_id)
         self._settler: ShareSettler | None = None
         if self.tracker is not None and self.tracker.weighs_by_utilization:
-            self._settler = ShareSettler(self.tracker.weigh, lambda ivs: self.outbox.add(intervals=ivs))
+            self._settler = ShareSettler(
+                self.tracker.weigh, lambda ivs: self.outbox.add(intervals=ivs, marks=self.sampler.marks_at(ivs))
+            )
         self._to_weigh: dict[str, tuple[str, ...]] = {}  # GPUs closed this sample with several holders
         self._worker = threading.Thread(target=self._work, name="wattwatch-sampler", daemon=True)
         self._fine_until = 0.0  # time.monotonic() until which intervals close every fine_interval_s
@@ -215,6 +252,7 @@ class Agent:
 
     def _start(self) -> None:
         self.sampler.sample(self._shares)  # baseline: intervals start here
+        self._restore()
         self._worker.start()
         if self._fine_thread is not None:
             self._fine_thread.start()
@@ -411,14 +449,7 @@ class Agent:
         # The intervals closed here belong to the jobs that held the devices until now: sample first,
         # then apply what this event changes.
         self._to_weigh = {}
-        intervals = self.sampler.sample(self._shares, at_s=event.t_s if boundary else None)
-        self.device_totals.add(intervals)  # all of them, before some wait for the settler
-        if self._to_weigh and self._settler is not None and self.tracker is not None:
-            owners = self.tracker.owners()
-            for iv in intervals:
-                if iv.device in self._to_weigh:
-                    self._settler.hold(iv, self._to_weigh[iv.device], owners)
-            intervals = [iv for iv in intervals if iv.device not in self._to_weigh]
+        intervals = self._hold_shared(self.sampler.sample(self._shares, at_s=event.t_s if boundary else None))
         jobs: list[wire.Job] = []
         if event.kind == "start" and event.job is not None:
             active, _new = self.registry.start(event.job)
@@ -427,14 +458,116 @@ class Agent:
             ended = self.registry.end(event.job_id)
             if ended is not None:
                 jobs.append(ended.to_wire(ended_at_s=max(event.t_s, ended.started_at_s)))
-        elif event.kind == "tick" and self.tracker is not None:
+        elif event.kind == "tick":
             # Discovered jobs start and end at the tick that sees their processes come and go.
-            jobs.extend(self.tracker.tick(self.sampler.last_t_s or event.t_s))
+            if self.tracker is not None:
+                jobs.extend(self.tracker.tick(self.sampler.last_t_s or event.t_s))
+            jobs.extend(self._end_gone(self.sampler.last_t_s or event.t_s))
         elif event.kind == "stop" and self.tracker is not None:
             jobs.extend(self.tracker.end_all(self.sampler.last_t_s or event.t_s))
-        self.outbox.add(intervals=intervals, jobs=jobs)
+        self._hand_over(intervals, jobs)
+        if boundary:
+            self.seal()  # a job's start and end reach the spool, and the checkpoint, at once
         if event.kind == "stop" and self._settler is not None:
             self._settler.close()
+
+    def _hold_shared(self, intervals: list[wire.Interval]) -> list[wire.Interval]:
+        """Count every interval, give those of GPUs several jobs held to the settler, return the rest."""
+        self.device_totals.add(intervals)  # all of them, before some wait for the settler
+        if self._to_weigh and self._settler is not None and self.tracker is not None:
+            owners = self.tracker.owners()
+            for iv in intervals:
+                if iv.device in self._to_weigh:
+                    self._settler.hold(iv, self._to_weigh[iv.device], owners)
+            intervals = [iv for iv in intervals if iv.device not in self._to_weigh]
+        return intervals
+
+    def _hand_over(self, intervals: list[wire.Interval], jobs: list[wire.Job]) -> None:
+        """Queue the records for the next batch with the checkpoint they make true."""
+        self.outbox.add(
+            intervals=intervals,
+            jobs=jobs,
+            marks=self.sampler.marks_at(intervals),
+            open_jobs=(self.sampler.last_t_s, self._pid_starts.marks(self.registry.snapshot())),
+        )
+
+    # -- restarts ------------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Take over from the agent that ran before (``agent.restore``): bridge each device's gap by its
+        counter when it is continuous, re-adopt the jobs whose processes still run, end the others when
+        they were last seen. Runs once, before the worker and the local API start."""
+        t_s = self.sampler.last_t_s or self._clock()
+        now = self.sampler.marks()
+        text = self.spool.checkpoint()
+        checkpoint = Checkpoint.from_json(text) if text else None
+        if checkpoint is None:
+            self.outbox.add(marks=now, open_jobs=(t_s, []))
+            return
+        same_boot = None in (checkpoint.boot_id, self._boot_id) or checkpoint.boot_id == self._boot_id
+        adoption = adopt(checkpoint.jobs, self.procfs, same_boot=same_boot)
+        jobs: list[wire.Job] = []
+        for job in adoption.readopt:
+            active, _new = self.registry.start(job)
+            # Announced again: a collector that ended it while this host was silent opens it again.
+            jobs.append(active.to_wire())
+            self._hook_start(active, t_s)
+            log.info("job %s re-adopted after a restart: its processes still run", job.id)
+        self._watch.update(adoption.watch)
+        if self.tracker is not None:
+            jobs.extend(self.tracker.tick(t_s))  # discovered jobs are found again by their processes
+        open_ids = {j.id for j in self.registry.snapshot()}
+        ended = adoption.ended + [m for m in checkpoint.jobs if not m.explicit and m.id not in open_ids]
+        for mark in ended:
+            jobs.append(_ended_at_restart(mark, checkpoint.t_s))
+            if self._hook is not None and mark.explicit:
+                # Simulated boards learn that the job's processes are gone (a real GPU shows it by itself).
+                self._hook.job_started(mark.id, mark.kind, mark.devices, min(mark.pids, default=None), t_s)
+                self._hook.job_ended(mark.id, t_s)
+            log.info("job %s ended when last seen (%.1f s ago): its processes are gone", mark.id, t_s - checkpoint.t_s)
+        # The gap is the jobs' that were open before it and still are; the rest of it is idle.
+        carried = open_ids & {m.id for m in checkpoint.jobs}
+        gpu_holders = {
+            key: [j for j in ids if j in carried]
+            for key, ids in self.registry.holders().items()
+            if key in self.sampler.devices and self.sampler.devices[key].kind == "gpu"
+        }
+        self._cpu.shares(self.registry.snapshot(), 0.0)  # CPU time counts from here (unknown over the gap)
+        intervals = gap_intervals(
+            checkpoint, now, gpu_holders, same_boot=same_boot, max_gap_s=self.settings.restart_bridge_max_s
+        )
+        self._to_weigh = {
+            iv.device: tuple(iv.shares) for iv in intervals if len(iv.shares) > 1 and self._settler is not None
+        }
+        intervals = self._hold_shared(intervals)
+        self.outbox.add(
+            intervals=intervals,
+            jobs=jobs,
+            marks=now,
+            open_jobs=(t_s, self._pid_starts.marks(self.registry.snapshot())),
+        )
+        self.seal()
+
+    def _end_gone(self, t_s: float) -> list[wire.Job]:
+        """End the re-adopted jobs whose processes all ended without telling this agent."""
+        out: list[wire.Job] = []
+        for job_id, pids in list(self._watch.items()):
+            if self.registry.get(job_id) is None:
+                del self._watch[job_id]  # ended the usual way
+                continue
+            if not gone(pids, self.procfs):
+                continue
+            del self._watch[job_id]
+            ended = None
+            while ended is None and self.registry.get(job_id) is not None:
+                ended = self.registry.end(job_id)
+            if ended is not None:
+                record = ended.to_wire(ended_at_s=max(t_s, ended.started_at_s))
+                out.append(msgspec.structs.replace(record, ended_by=ENDED_PROCESS_GONE))
+                if self._hook is not None:
+                    self._hook.job_ended(job_id, t_s)
+                log.info("job %s ended: its processes are gone", job_id)
+        return out
 
     def _shares(self, device: DeviceInfo, t_start_s: float, t_end_s: float) -> tuple[dict[str, float], float]:
         if device.kind == "gpu":

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from wattwatch import wire
+from wattwatch.agent.restore import DeviceMark, no_limit
 from wattwatch.sensors.base import DeviceInfo, EnergyReading, Sensor
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,10 @@ log = logging.getLogger(__name__)
 # (device, t_start_s, t_end_s) -> (shares, idle_weight) for the interval that is being closed.
 SharesFn = Callable[[DeviceInfo, float, float], tuple[dict[str, float], float]]
 
+
+# Readings remembered per device for ``marks_at`` (an interval held for weighing is released within a
+# second or so; this covers ticks of 0.05 s).
+MARK_HISTORY = 64
 
 # Upper bounds of the sample-duration histogram (s): a tick read takes well under a millisecond per
 # device, a boundary read waits for the NVML counter's next update (up to about 0.25 s).
@@ -87,10 +93,18 @@ class Sampler:
     def __init__(self, sensors: Sequence[Sensor]) -> None:
         self.sensors = list(sensors)
         self._devices: dict[str, DeviceInfo] = {}
+        self._max_gap_s: dict[str, float | None] = {}
         for sensor in self.sensors:
+            # A wrapping counter (RAPL) is only unambiguous over gaps shorter than its poll limit.
+            limit_s = getattr(sensor, "max_poll_interval_s", None)
             for dev in sensor.devices():
                 self._devices[dev.key] = dev
+                self._max_gap_s[dev.key] = no_limit(limit_s) if isinstance(limit_s, int | float) else None
         self._last: dict[str, _Last] = {}
+        # Each device's recent readings, for the restart checkpoint; written by the sampling thread, read
+        # by whichever thread hands intervals to the outbox (the share settler's, too).
+        self._marks: dict[str, deque[DeviceMark]] = {}
+        self._marks_lock = threading.Lock()
         self.last_t_s = 0.0
         self.stats = SampleStats([s.name for s in self.sensors])
 
@@ -131,6 +145,7 @@ class Sampler:
             self.last_t_s = max(self.last_t_s, t_s)
             if last is None:
                 self._last[reading.device] = _Last(t_s, energy_j)
+                self._remember(reading, t_s, energy_j)
                 continue
             # Sensors promise monotonic energy; clamp anyway so one bad read can't make energy negative.
             energy_j = max(energy_j, last.energy_j)
@@ -139,6 +154,7 @@ class Sampler:
             device = self._devices.get(reading.device)
             if device is None:
                 continue
+            self._remember(reading, t_s, energy_j)
             job_shares, idle_weight = shares(device, last.t_s, t_s)
             intervals.append(
                 wire.Interval(
@@ -154,6 +170,47 @@ class Sampler:
             )
             self._last[reading.device] = _Last(t_s, energy_j)
         return intervals
+
+    def _remember(self, reading: EnergyReading, t_s: float, energy_j: float) -> None:
+        device = self._devices.get(reading.device)
+        counter_j = reading.counter_j
+        if counter_j is not None:
+            counter_j += energy_j - reading.energy_j  # the sampler's clamp, if any, on the counter's scale too
+            if reading.counter_wrap_j > 0:
+                counter_j %= reading.counter_wrap_j
+        mark = DeviceMark(
+            key=reading.device,
+            t_s=t_s,
+            energy_j=energy_j,
+            source=reading.source,
+            uuid=device.uuid if device else None,
+            counter_j=counter_j,
+            wrap_j=reading.counter_wrap_j,
+            max_gap_s=self._max_gap_s.get(reading.device),
+            power_limit_w=device.power_limit_w if device else None,
+        )
+        with self._marks_lock:
+            self._marks.setdefault(reading.device, deque(maxlen=MARK_HISTORY)).append(mark)
+
+    def marks(self) -> dict[str, DeviceMark]:
+        """Every device's latest reading (where the next interval starts)."""
+        with self._marks_lock:
+            return {key: history[-1] for key, history in self._marks.items() if history}
+
+    def marks_at(self, intervals: Iterable[wire.Interval]) -> dict[str, DeviceMark]:
+        """Per device, the reading at the end of its latest interval in ``intervals`` (for the checkpoint
+        that goes with them)."""
+        ends: dict[str, float] = {}
+        for iv in intervals:
+            ends[iv.device] = max(ends.get(iv.device, iv.t_end_s), iv.t_end_s)
+        out: dict[str, DeviceMark] = {}
+        with self._marks_lock:
+            for key, end_s in ends.items():
+                for mark in reversed(self._marks.get(key, ())):
+                    if mark.t_s == end_s:
+                        out[key] = mark
+                        break
+        return out
 
     def wire_devices(self) -> list[wire.Device]:
         """The measured devices in wire form."""

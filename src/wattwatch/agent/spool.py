@@ -2,7 +2,8 @@
 
 It is a small SQLite file (stdlib ``sqlite3``: the agent never imports the collector's storage layer).
 Batches are written before any push is attempted and deleted only after the collector accepted them;
-the next sequence number is stored with them, so a restarted agent never reuses a batch key.
+the next sequence number is stored with them, so a restarted agent never reuses a batch key. The
+restart checkpoint (``agent.restore``) is written with every batch, in the batch's transaction.
 """
 
 from __future__ import annotations
@@ -56,10 +57,23 @@ class Spool:
                 raise
         return seq
 
-    def put(self, seq: int, body: bytes, created_s: float) -> None:
-        """Append a batch durably."""
+    def put(self, seq: int, body: bytes, created_s: float, checkpoint: str | None = None) -> None:
+        """Append a batch durably; with ``checkpoint`` (``agent.restore``), store it in the same transaction,
+        so the checkpoint never describes readings whose intervals the spool does not hold."""
         with self._lock:
-            self._db.execute("INSERT INTO batches (seq, body, created_s) VALUES (?, ?, ?)", (seq, body, created_s))
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT INTO batches (seq, body, created_s) VALUES (?, ?, ?)", (seq, body, created_s))
+                if checkpoint is not None:
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def checkpoint(self) -> str | None:
+        """The checkpoint stored with the latest batch (None before the first)."""
+        return self.meta("checkpoint")
 
     def peek(self, limit: int = 16) -> list[tuple[int, bytes]]:
         """The oldest ``limit`` batches, oldest first."""

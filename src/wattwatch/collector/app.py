@@ -28,6 +28,7 @@ from wattwatch.collector.errors import ApiError
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.routes import Context, build_router
+from wattwatch.collector.silent_scheduler import SilentHostScheduler
 from wattwatch.collector.span_scheduler import DEFAULT_INTERVAL_S, SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
@@ -53,13 +54,16 @@ def create_app(
     ``clock`` (epoch seconds) is injectable so tests control "now" (receive times, metrics retention).
     While the app runs (its lifespan), per-span energies are computed every ``span_energy_interval_s``
     for data older than ``span_energy_settle_s``, and once more at shutdown; ``None`` turns that off
-    (``app.state.wattwatch.span_energy.run_once()`` still computes on demand).
+    (``app.state.wattwatch.span_energy.run_once()`` still computes on demand). Running jobs of hosts
+    silent for ``settings.host_silent_after_s`` are ended by a periodic pass too
+    (``app.state.silent_hosts``, a ``SilentHostScheduler``).
     """
     owns_engine = engine is None
     db = make_engine(settings.resolved_db_url) if engine is None else engine
     leader = MetricsLeader(db)
     registry, ingest_metrics = build_registry(db, settings, clock, leader)
     span_energy = SpanEnergyScheduler(db, clock=clock, interval_s=span_energy_interval_s, settle_s=span_energy_settle_s)
+    silent_hosts = SilentHostScheduler(db, clock=clock, silent_after_s=settings.host_silent_after_s)
     ctx = Context(
         settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock, span_energy=span_energy
     )
@@ -67,10 +71,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         span_energy.start()
+        silent_hosts.start()
         try:
             yield
         finally:
             # Off the event loop: the last pass talks to the database and may take a moment.
+            await asyncio.to_thread(silent_hosts.stop)
             await asyncio.to_thread(span_energy.stop)
             leader.close()
             if owns_engine:
@@ -84,6 +90,7 @@ def create_app(
     )
     app.state.wattwatch = ctx
     app.state.metrics_leader = leader
+    app.state.silent_hosts = silent_hosts
     app.include_router(build_router(ctx, _bearer_auth(settings.token)))
     _install_error_handlers(app, db)
     _document_bodies(app)

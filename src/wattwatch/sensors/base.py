@@ -34,6 +34,7 @@ class EnergyReading:
     ``energy_j`` is monotonic per device. ``flags`` names anything the consumer should know about the
     energy added since the previous reading (``counter_reset``: bridged from power after a reset;
     ``boundary_unrefined``: a boundary read that could not be pinned to the counter's update).
+    ``counter_j`` is the same reading on the hardware counter's own scale (see the field).
     """
 
     device: str
@@ -41,6 +42,12 @@ class EnergyReading:
     energy_j: float
     source: Source
     flags: tuple[str, ...] = field(default=())
+    # The hardware counter's own value at ``t_s`` in joules, from its own origin (NVML: since driver load
+    # or its last reset; RAPL: the wrapping ``energy_uj``): it keeps counting while no agent runs, so a
+    # restarted agent can measure the gap (``agent.restore``). None where there is no counter.
+    counter_j: float | None = None
+    # The counter wraps after this many joules (RAPL's ``max_energy_range_uj``); 0: it does not wrap.
+    counter_wrap_j: float = 0.0
 
 
 @runtime_checkable

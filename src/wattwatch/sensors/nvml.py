@@ -302,7 +302,16 @@ class NvmlSensor:
         dev.returned_j = value_j
         all_flags = tuple(sorted(dev.pending_flags.union(flags)))
         dev.pending_flags.clear()
-        return EnergyReading(device=dev.info.key, t_s=t_s, energy_j=value_j, source=self._source(dev), flags=all_flags)
+        # On the counter's own scale (since driver load): base_j only holds what resets added.
+        counter_j = value_j - dev.base_j if dev.has_counter else None
+        return EnergyReading(
+            device=dev.info.key,
+            t_s=t_s,
+            energy_j=value_j,
+            source=self._source(dev),
+            flags=all_flags,
+            counter_j=counter_j,
+        )
 
     def _source(self, dev: _Device) -> Source:
         if self.simulated:

@@ -201,7 +201,13 @@ class RaplSensor:
     def _reading(self, zone: _Zone, t_s: float, energy_j: float) -> EnergyReading:
         flags: tuple[str, ...] = ("wrap_ambiguous",) if zone.ambiguous else ()
         zone.ambiguous = False
-        return EnergyReading(zone.info.key, t_s, energy_j, "counter", flags)
+        # energy_uj's own value at t_s: the unwrapped total and the raw counter differ by whole ranges
+        # (and the initial value), so the difference maps one onto the other.
+        counter_j = energy_j - uj_to_j(zone.total_uj - zone.last_uj)
+        wrap_j = uj_to_j(zone.max_range_uj) if zone.max_range_uj > 0 else 0.0
+        if wrap_j:
+            counter_j %= wrap_j
+        return EnergyReading(zone.info.key, t_s, energy_j, "counter", flags, counter_j=counter_j, counter_wrap_j=wrap_j)
 
     def read(self) -> list[EnergyReading]:
         """Cumulative J per zone since the sensor started, unwrapped."""

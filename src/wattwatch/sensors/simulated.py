@@ -15,6 +15,7 @@ way the board's generation (``generations``; default ``h100``) reports it:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -48,6 +49,11 @@ log = logging.getLogger(__name__)
 
 COUNTER_PERIOD_S = 0.1  # the default (H100) energy counter / power refresh period
 PROCESS_SAMPLE_PERIOD_S = 1.0 / 6.0  # NVML samples per-process utilisation about six times a second
+
+
+def _fleet_file(truth_path: Path) -> Path:
+    """Where a fleet writing ``truth_path`` keeps its identity (``resume`` reads it)."""
+    return truth_path.with_suffix(".fleet.json")
 
 
 def __getattr__(name: str) -> Any:
@@ -219,6 +225,52 @@ class SimulatedFleet:
         if truth_path is not None:
             # One fleet per file: a stale log from an earlier run would make a replay wrong.
             self._truth = truth_path.open("w", encoding="utf-8")
+            _fleet_file(truth_path).write_text(json.dumps(self._identity()), encoding="utf-8")
+
+    def _identity(self) -> dict[str, Any]:
+        """What makes two fleets the same boards: size, seed, generation and "driver load" time."""
+        return {
+            "n_gpus": self.n_gpus,
+            "seed": self.seed,
+            "generation": dataclasses.asdict(self.generation),
+            "created_s": self.created_s,
+        }
+
+    @classmethod
+    def resume(
+        cls,
+        truth_path: Path,
+        n_gpus: int,
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] = time.time,
+        model: str | None = None,
+        generation: str | BoardGeneration = "h100",
+    ) -> SimulatedFleet:
+        """The same boards again in a new process (the agent restarted, or was killed): the fleet that
+        wrote ``truth_path`` continues, with its "driver load" time (energy counters keep counting, their
+        update phase is kept) and its activity timeline; the truth log is appended to. A fleet of another
+        size, seed or generation, or none at all, starts afresh as the constructor does.
+        """
+        fresh = cls(n_gpus, seed=seed, clock=clock, model=model, generation=generation)
+        try:
+            saved = json.loads(_fleet_file(truth_path).read_text(encoding="utf-8"))
+            text = truth_path.read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            saved, text = None, ""
+        same = isinstance(saved, dict) and {k: v for k, v in saved.items() if k != "created_s"} == {
+            k: v for k, v in fresh._identity().items() if k != "created_s"
+        }
+        if not same:
+            return cls(n_gpus, seed=seed, clock=clock, model=model, truth_path=truth_path, generation=generation)
+        assert isinstance(saved, dict)
+        # A line the killed process was writing is dropped, so appending starts on a line of its own.
+        truth_path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
+        fleet = cls.replay(truth_path, n_gpus, seed=seed, clock=clock, model=model, generation=generation)
+        fleet.created_s = float(saved["created_s"])
+        fleet.truth_path = truth_path
+        fleet._truth = truth_path.open("a", encoding="utf-8")
+        return fleet
 
     @classmethod
     def replay(

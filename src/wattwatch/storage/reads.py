@@ -142,6 +142,8 @@ def _job_entries(
             # Extras (DESIGN: "more fields are welcome").
             "labels": dict(job.labels or {}),
             "running": job.ended_at_s is None,
+            # Null when the job's own process or client ended it; else who did (see tables.jobs).
+            "ended_by": job.ended_by,
             "started_at_s": job.started_at_s,
             "ended_at_s": job.ended_at_s,
             "per_host": [

@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 FLAGS_MAX_CHARS = 200
+# jobs.ended_by of a job the collector ended because no host running it pushed for too long
+# (``storage.silent_hosts``): provisional, the agent's own end replaces it.
+ENDED_BY_SILENT_AGENT = "collector-silent-agent"
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,9 @@ def ingest_batch(engine: Engine, batch: wire.Batch, *, received_at_s: float) -> 
 
         host_id = _upsert_host(conn, batch.host, batch.agent_id, received_at_s)
         device_ids = _upsert_devices(conn, host_id, batch.devices)
-        _upsert_jobs(conn, _job_rows(batch, received_at_s))
+        rows = _job_rows(batch, received_at_s)
+        _upsert_jobs(conn, rows)
+        _reopen(conn, [r["id"] for r in rows if not r["placeholder"] and r["ended_at_s"] is None], batch.sent_at_s)
 
         append_rows(
             conn,
@@ -161,16 +166,19 @@ def upsert_job(engine: Engine, host: str, job: wire.Job, *, now_s: float | None 
 
 
 def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
-    """Mark a job ended at ``ended_at_s`` (the latest end any host reported wins). Raises UnknownJob."""
+    """Mark a job ended at ``ended_at_s`` (the latest end any host reported wins, and replaces an end the
+    collector gave a silent agent's job). Raises UnknownJob."""
+    silent = jobs.c.ended_by == ENDED_BY_SILENT_AGENT
     with _write(engine) as conn:
         result = conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
             .values(
                 ended_at_s=case(
-                    (jobs.c.ended_at_s.is_(None), ended_at_s),
+                    (or_(jobs.c.ended_at_s.is_(None), silent), ended_at_s),
                     else_=greatest(conn, jobs.c.ended_at_s, ended_at_s),
                 ),
+                ended_by=case((silent, None), else_=jobs.c.ended_by),
                 started_at_s=least(conn, jobs.c.started_at_s, ended_at_s),
             )
             .returning(jobs.c.id)
@@ -254,6 +262,7 @@ def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float
         # 0 is the wire default for "start unknown"; no job started in 1970.
         "started_at_s": job.started_at_s or fallback_start_s,
         "ended_at_s": job.ended_at_s,
+        "ended_by": job.ended_by if job.ended_at_s is not None else None,
         "created_at_s": created_at_s,
         "placeholder": False,
     }
@@ -274,8 +283,8 @@ def _job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
         row = _real_job_row(job, fallback_start_s=fallback_s, created_at_s=received_at_s)
         if job.id in rows:
             row["started_at_s"] = min(row["started_at_s"], rows[job.id]["started_at_s"])
-            ends = [e for e in (row["ended_at_s"], rows[job.id]["ended_at_s"]) if e is not None]
-            row["ended_at_s"] = max(ends) if ends else None
+            ends = [(r["ended_at_s"], r["ended_by"]) for r in (row, rows[job.id]) if r["ended_at_s"] is not None]
+            row["ended_at_s"], row["ended_by"] = max(ends, key=lambda e: e[0]) if ends else (None, None)
         rows[job.id] = row
     for job_id, start_s in first_seen_s.items():
         if job_id not in rows:
@@ -286,6 +295,7 @@ def _job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
                 "labels": {},
                 "started_at_s": start_s,
                 "ended_at_s": None,
+                "ended_by": None,
                 "created_at_s": received_at_s,
                 "placeholder": True,
             }
@@ -303,6 +313,8 @@ def _upsert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
         return
     stmt = upsert(conn, jobs)
     new = stmt.excluded
+    # The collector's end of a silent agent's job is provisional: the agent's own end replaces it.
+    provisional = or_(jobs.c.ended_at_s.is_(None), jobs.c.ended_by == ENDED_BY_SILENT_AGENT)
     conn.execute(
         stmt.on_conflict_do_update(
             index_elements=[jobs.c.id],
@@ -316,12 +328,38 @@ def _upsert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
                 "started_at_s": least(conn, jobs.c.started_at_s, new.started_at_s),
                 "ended_at_s": case(
                     (new.ended_at_s.is_(None), jobs.c.ended_at_s),
-                    (jobs.c.ended_at_s.is_(None), new.ended_at_s),
+                    (provisional, new.ended_at_s),
                     else_=greatest(conn, jobs.c.ended_at_s, new.ended_at_s),
+                ),
+                # Whoever set the end that stands names it.
+                "ended_by": case(
+                    (new.ended_at_s.is_(None), jobs.c.ended_by),
+                    (or_(provisional, new.ended_at_s > jobs.c.ended_at_s), new.ended_by),
+                    else_=jobs.c.ended_by,
                 ),
             },
         ),
         real,
+    )
+
+
+def _reopen(conn: Connection, job_ids: list[str], sent_at_s: float) -> None:
+    """Open again the jobs the collector ended for a silent agent that this batch says still run.
+
+    Only a record sealed after that end counts (an agent re-announces the jobs it re-adopted after a
+    restart): a batch that waited in a spool since before the silence carries old start records, and a
+    job whose end anyone else reported stays ended.
+    """
+    if not job_ids or sent_at_s <= 0:
+        return
+    conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id.in_(job_ids),
+            jobs.c.ended_by == ENDED_BY_SILENT_AGENT,
+            jobs.c.ended_at_s < sent_at_s,
+        )
+        .values(ended_at_s=None, ended_by=None)
     )
 
 

@@ -78,6 +78,9 @@ jobs = Table(
     # Longest job_ticks row of the job (s): how far back a window must look for ticks reaching into it.
     # Kept by the span-energy pass (from span_dirty marks), so ingest never updates the jobs row for it.
     Column("max_tick_s", Float, nullable=False, default=0.0, server_default="0"),
+    # Null: the job's own process or client ended it. Else who did (wire.Job.ended_by, or the collector's
+    # ``collector-silent-agent`` for a job no host reported for too long; an agent's later end replaces it).
+    Column("ended_by", String(40), nullable=True),
     Index(None, "started_at_s"),
     Index(None, "ended_at_s"),
 )

@@ -1,0 +1,163 @@
+"""`kill -9` of a real agent in the middle of a job, a restart 10 s later: the gap is bridged by the GPU
+counters, the job still running is re-adopted and ends when its process ends, the job whose process
+ended while the agent was down is ended when it was last seen. Checked against the simulator's exact
+integral (the simulated boards outlive the agent process, as real GPUs do)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from procs import WATTWATCH, free_port, wait_for
+from wattwatch.sdk import AgentClient
+from wattwatch.sensors.simulated import SimulatedFleet
+
+pytestmark = pytest.mark.e2e
+
+SIM_GPUS = 2
+OUTAGE_S = 10.0
+# The job's command: wait until the test says so (a file appears), then exit.
+WAIT_FOR_FILE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.02)\n"
+
+
+class Procs:
+    """Every process a test starts, killed at the end whatever happened."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
+        log = (self.tmp_path / log_name).open("ab")
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.started.append(proc)
+        return proc
+
+    def log(self, log_name: str) -> str:
+        return (self.tmp_path / log_name).read_text(errors="replace")
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(tmp_path)
+    yield p
+    for proc in p.started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def agent_jobs(home: Path) -> dict[str, dict]:
+    client = AgentClient(home / "agent.sock", timeout_s=2.0)
+    try:
+        return {j["name"]: j for j in client.request({"op": "jobs"})["jobs"]}
+    finally:
+        client.close()
+
+
+def agent_ready(home: Path, proc: subprocess.Popen[bytes]) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"the agent exited early with {proc.returncode}")
+    try:
+        agent_jobs(home)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, procs: Procs) -> None:
+    home = tmp_path / "home"
+    db_url = f"sqlite:///{tmp_path / 'restart.db'}"
+    port = free_port()
+    env = {**os.environ, "WATTWATCH_HOME": str(home)}
+    for var in ("CUDA_VISIBLE_DEVICES", "WATTWATCH_JOB"):
+        env.pop(var, None)
+    url = f"http://127.0.0.1:{port}"
+    collector = procs.start(
+        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--migrate"], env, "collector.log"
+    )
+    agent_cmd = [*WATTWATCH, "agent", "--simulate", str(SIM_GPUS), "--collector", url, "--interval", "1"]
+    agent = procs.start(agent_cmd, env, "agent.log")
+    wait_for(lambda: agent_ready(home, agent), 60, "the agent to answer")
+
+    def run_job(name: str, gpu: str, release: Path) -> subprocess.Popen[bytes]:
+        cmd = [*WATTWATCH, "run", "--kind", "training", "--name", name, "--"]
+        cmd += [sys.executable, "-c", WAIT_FOR_FILE, str(release)]
+        return procs.start(cmd, {**env, "CUDA_VISIBLE_DEVICES": gpu}, f"{name}.log")
+
+    survivor = run_job("survivor", "0", tmp_path / "release-survivor")
+    casualty = run_job("casualty", "1", tmp_path / "release-casualty")
+    wait_for(lambda: {"survivor", "casualty"} <= set(agent_jobs(home)), 30, "both jobs to start")
+    time.sleep(3.0)  # the jobs run under the first agent for a few ticks and pushes
+
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(timeout=10)
+    killed_s = time.time()
+    # The casualty's process ends while no agent runs: `wattwatch run` cannot tell anyone.
+    (tmp_path / "release-casualty").touch()
+    assert casualty.wait(timeout=30) == 0
+    time.sleep(OUTAGE_S - (time.time() - killed_s))
+
+    agent = procs.start(agent_cmd, env, "agent.log")
+    wait_for(lambda: agent_ready(home, agent), 60, "the restarted agent to answer")
+    jobs_now = agent_jobs(home)
+    assert "survivor" in jobs_now and "casualty" not in jobs_now, jobs_now
+    time.sleep(3.0)  # the re-adopted job runs on under the new agent
+
+    released_s = time.time()
+    (tmp_path / "release-survivor").touch()
+    assert survivor.wait(timeout=30) == 0
+    exited_s = time.time()
+    assert "could not tell the agent" not in procs.log("survivor.log"), procs.log("survivor.log")
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=60) == 0, procs.log("agent.log")
+    collector.send_signal(signal.SIGTERM)
+    collector.wait(timeout=60)
+
+    out = subprocess.run(
+        [*WATTWATCH, "report", "--db", db_url, "--format", "json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
+    fleet = SimulatedFleet.replay(home / "simulated-gpus.jsonl", SIM_GPUS)
+
+    def error(job: dict, index: int) -> float:
+        exact = fleet.exact_energy_j(index, job["started_at_s"], job["ended_at_s"])
+        return (job["gpu_energy_j"] - exact) / exact
+
+    s = jobs["survivor"]
+    print(f"\nsurvivor {s['duration_s']:.1f} s across a {OUTAGE_S:.0f} s outage: {error(s, 0):+.3%} vs exact")
+    assert s["ended_by"] is None
+    assert released_s - 0.5 <= s["ended_at_s"] <= exited_s + 0.5  # ended when its process ended
+    assert s["duration_s"] > OUTAGE_S + 6.0
+    assert abs(error(s, 0)) < 0.01
+
+    c = jobs["casualty"]
+    print(f"casualty ended {killed_s - c['ended_at_s']:.2f} s before the kill: {error(c, 1):+.3%} vs exact")
+    assert c["ended_by"] == "agent-restart"
+    assert killed_s - 2.5 <= c["ended_at_s"] <= killed_s
+    assert abs(error(c, 1)) < 0.01
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            flags = conn.execute(
+                text(
+                    "SELECT d.key, i.flags, i.t_end_s - i.t_start_s FROM energy_intervals i "
+                    "JOIN devices d ON d.id = i.device_id WHERE i.flags LIKE '%restart%'"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    bridged = {key: gap_s for key, f, gap_s in flags if f == "restart_bridged"}
+    assert set(bridged) >= {"gpu0", "gpu1"}, flags
+    assert all(OUTAGE_S - 1.0 < gap_s < OUTAGE_S + 10.0 for gap_s in bridged.values()), bridged

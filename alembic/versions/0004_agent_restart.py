@@ -1,7 +1,7 @@
 """Who ended a job, when it was not the job itself: a restarted agent, or the collector for a silent agent.
 
-Revision ID: 0005
-Revises: 0003 (to be re-chained after 0004)
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-12-07
 
 ``jobs.ended_by`` is null for a job whose process or client ended it. ``agent-restart``: the agent came
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
+revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None

@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from markdown import command, table
+from markdown import command, paragraph, table
 
 from wattwatch import wire
 from wattwatch.storage import migrate
@@ -158,9 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
     print(command("ingest.py", argv))
     print(
-        f"\n**Collector ingest** ({args.batches} agent batches of {args.intervals:,} intervals; one process, one"
-        " thread), against a baseline measured in the same run: the same raw rows inserted with a plain"
-        " executemany and nothing else:\n"
+        paragraph(
+            f"**Collector ingest** ({args.batches} agent batches of {args.intervals:,} intervals; one process, one"
+            " thread), against a baseline measured in the same run: the same raw rows inserted with a plain"
+            " executemany and nothing else:"
+        )
     )
     header = ("database", "decode/s", "ingest/s", "baseline/s", "ingest ÷ baseline", "report")
     print(

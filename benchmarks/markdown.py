@@ -7,12 +7,23 @@ command next to it that prints it again.
 from __future__ import annotations
 
 import shlex
+import textwrap
 from collections.abc import Sequence
 
 
 def command(script: str, argv: Sequence[str]) -> str:
     """The command line, as a reader would type it from the repository root, in backquotes."""
     return "`" + shlex.join(["python", f"benchmarks/{script}", *argv]) + "`"
+
+
+def caption(text: str, width: int = 105) -> str:
+    """A paragraph wrapped as the README wraps its prose."""
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+
+
+def paragraph(text: str) -> str:
+    """``caption(text)`` as a paragraph of its own, blank lines around it."""
+    return "\n" + caption(text) + "\n"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:

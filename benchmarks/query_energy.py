@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_split import exact_request_energy, quantile
 from ingest import pg_scratch
-from markdown import command, percent, table
+from markdown import command, paragraph, percent, table
 
 from wattwatch import wire
 from wattwatch.accounting.spans import split_job_energy
@@ -370,22 +370,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             trials = accuracy(args.seeds, args.duration, args.intervals, f"sqlite:///{Path(tmp) / 'accuracy.db'}")
         n = statistics.mean(len(t.exact_j) for t in trials)
+        plural = "s" if args.seeds != 1 else ""
         print(
-            f"\n**Energy per query** against the exact split of the simulator's true power among the requests in"
-            f" flight (computed without wattwatch); measured: wattwatch's NVML sensor reading the simulated"
-            f" H100, the agent's sampler, the collector's span-energy pass. {args.seeds} seeds x"
-            f" {args.duration:g} s of bursty inference, {n:.0f} requests per seed:\n"
+            paragraph(
+                f"**Energy per query** against the exact split of the simulator's true power among the requests in"
+                f" flight (computed without wattwatch); measured: wattwatch's NVML sensor reading the simulated"
+                f" H100, the agent's sampler, the collector's span-energy pass. {args.seeds} seed{plural} x"
+                f" {args.duration:g} s of bursty inference, {n:.0f} requests per seed:"
+            )
         )
         print(table(ACCURACY_HEADER, accuracy_rows(trials, args.intervals)))
     if args.part in ("all", "cost"):
-        print("\n**Cost of the split**, pure (`split_job_energy`, one thread, best of 3):\n")
+        print(paragraph("**Cost of the split**, pure (`split_job_energy`, one thread, best of 3):"))
         pure = [[f"{s:g} s", f"{pure_cost_s(10_000, s) * 1e3:.0f} ms"] for s in (1.0, 0.1)]
         print(table(("intervals", "10k spans"), pure))
         rows, note = db_rows(args.backlog, args.passes, args.sqlite_only)
         print(
-            f"\n**Span-energy pass on a database** (8 GPUs, 1 s intervals, 100 requests/s): one pass over a"
-            f" {args.backlog:g} s backlog already stored, then the mean of {args.passes} passes run every 10 s"
-            f" while the server keeps serving:\n"
+            paragraph(
+                f"**Span-energy pass on a database** (8 GPUs, 1 s intervals, 100 requests/s): one pass over a"
+                f" {args.backlog:g} s backlog already stored, then the mean of {args.passes} passes run every 10 s"
+                f" while the server keeps serving:"
+            )
         )
         print(table(("database", "spans", "ingest", "backlog pass", "per 10k spans", "pass every 10 s"), rows))
         if note:

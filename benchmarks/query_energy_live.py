@@ -6,7 +6,8 @@ tick only), runs an SDK inference server on the simulated GPU that serves overla
 per-query energies the collector stored with the exact split (``exact_split``): the board's exact
 energy, replayed from the simulator's truth log, cut at every request's start and end and shared
 equally by the requests in flight. Prints the markdown table under the command that produced it.
-Run: ``python benchmarks/query_energy_live.py [--seconds 40]`` (about 2 x (seconds + 15) s).
+Run: ``python benchmarks/query_energy_live.py [--seconds 40] [--repeat 1]`` (about 2 x repeat x (seconds +
+15) s; a row per run, so ``--repeat`` shows how much the figures move from one real-time run to the next).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_split import exact_request_energy, quantile
-from markdown import command, percent, table
+from markdown import command, paragraph, percent, table
 
 from wattwatch.sensors.simulated import SimulatedFleet
 
@@ -66,6 +67,7 @@ def free_port() -> int:
 
 def run_once(tmp: Path, seconds: float, fine_interval_s: float) -> dict[str, float]:
     """One `up` + server run; returns the measured and exact p50/p95 and the median per-query error."""
+    tmp.mkdir(parents=True, exist_ok=True)
     home = tmp / f"home-{fine_interval_s}"
     db = tmp / f"live-{fine_interval_s}.db"
     port = free_port()
@@ -147,15 +149,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--fine-intervals", type=float, nargs="+", default=[0.1, 0.0], help="--fine-interval of each run (0: off)"
     )
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each setting (a row each: the spread over runs)")
     args = ap.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as tmp:
-        results = [(f, run_once(Path(tmp), args.seconds, f)) for f in args.fine_intervals]
+        results = [
+            (f, k, run_once(Path(tmp) / f"run{k}", args.seconds, f))
+            for k in range(args.repeat)
+            for f in args.fine_intervals
+        ]
     rows = []
-    for fine_s, r in results:
+    for fine_s, k, r in results:
+        label = f"fine tick {fine_s:g} s" if fine_s else "1 s tick only"
         rows.append(
             [
-                f"fine tick {fine_s:g} s" if fine_s else "1 s tick only",
+                label + (f", run {k + 1}" if args.repeat > 1 else ""),
                 f"{int(r['queries'])}",
                 f"{r['p50']:.1f} J ({percent(r['p50'] / r['p50_exact'] - 1)})",
                 f"{r['p95']:.1f} J ({percent(r['p95'] / r['p95_exact'] - 1)})",
@@ -166,9 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(command("query_energy_live.py", argv))
     print(
-        f"\n**Energy per query through the real processes** (`wattwatch up --simulate 1`, a threaded SDK server,"
-        f" {args.seconds:g} s of overlapping requests), against the exact split of the simulator's energy among"
-        f" the requests in flight (computed without wattwatch); error in brackets:\n"
+        paragraph(
+            f"**Energy per query through the real processes** (`wattwatch up --simulate 1`, a threaded SDK server,"
+            f" {args.seconds:g} s of overlapping requests), against the exact split of the simulator's energy among"
+            f" the requests in flight (computed without wattwatch); error in brackets:"
+        )
     )
     header = (
         "intervals",

@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from markdown import command, paragraph, table
+from mdtable import command, paragraph, table
 
 from wattwatch import wire
 from wattwatch.storage import migrate

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_split import exact_request_energy, quantile
 from ingest import pg_scratch
-from markdown import command, paragraph, percent, table
+from mdtable import command, paragraph, percent, table
 
 from wattwatch import wire
 from wattwatch.accounting.spans import split_job_energy

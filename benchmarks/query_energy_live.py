@@ -32,7 +32,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_split import exact_request_energy, quantile
-from markdown import command, paragraph, percent, table
+from mdtable import command, paragraph, percent, table
 
 from wattwatch.sensors.simulated import SimulatedFleet
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import exact_split  # lives in benchmarks/, importable once the path above is set
 import ingest
-import markdown
+import mdtable
 import query_energy
 import query_energy_live
 
@@ -98,9 +98,9 @@ def test_the_simulators_integral_is_the_integral_of_its_instant_power() -> None:
 
 
 def test_markdown_table_pads_and_aligns() -> None:
-    text = markdown.table(("a", "b"), [["x", "1"], ["yy", "22"]])
+    text = mdtable.table(("a", "b"), [["x", "1"], ["yy", "22"]])
     assert text.splitlines() == ["| a   |   b |", "|-----|----:|", "| x   |   1 |", "| yy  |  22 |"]
-    assert markdown.command("x.py", ["--n", "a b"]) == "`python benchmarks/x.py --n 'a b'`"
+    assert mdtable.command("x.py", ["--n", "a b"]) == "`python benchmarks/x.py --n 'a b'`"
 
 
 def test_query_energy_accuracy_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,8 @@
 Prints, per database: intervals/s through ``ingest_batch`` (decode + attribution + rollups + raw rows,
 one transaction per batch) against a baseline measured in the same run — the same raw rows inserted
 with a plain executemany and nothing else — and the time ``build_report`` takes once the database
-holds every batch. Run: ``python benchmarks/ingest.py [--batches 50] [--intervals 1000]``.
+holds every batch, as a markdown table under the command that produced it.
+Run: ``python benchmarks/ingest.py [--batches 50] [--intervals 1000] [--sqlite-only]``.
 PostgreSQL comes from WATTWATCH_TEST_PG_URL (default postgresql://postgres@127.0.0.1:5432/test); a
 scratch database is created and dropped.
 """
@@ -13,13 +14,19 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import create_engine, insert, text
+from sqlalchemy import Engine, create_engine, insert, text
 from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mdtable import command, paragraph, table
 
 from wattwatch import wire
 from wattwatch.storage import migrate
@@ -38,7 +45,7 @@ def make_batches(n_batches: int, n_intervals: int, seed: int = 1) -> list[bytes]
     t_s = 1.8e9
     out = []
     for seq in range(n_batches):
-        intervals = []
+        intervals: list[wire.Interval] = []
         while len(intervals) < n_intervals:
             for dev in devices:
                 job = f"job-{(int(t_s) // 600 + dev.index // 2) % 40}"
@@ -110,49 +117,74 @@ def bench(url: str, bodies: list[bytes]) -> dict[str, float]:
     }
 
 
-def pg_scratch(base_url: str) -> tuple[str, object]:
+def pg_scratch(base_url: str) -> tuple[str, Engine, str]:
+    """A scratch database on the PostgreSQL server at ``base_url``: (its URL, an admin engine, its name)."""
     admin = create_engine(normalize_url(base_url), isolation_level="AUTOCOMMIT")
     name = f"wattwatch_bench_{uuid.uuid4().hex[:8]}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    return make_url(base_url).set(database=name).render_as_string(hide_password=False), (admin, name)
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False), admin, name
 
 
-def main() -> None:
-    """Run the benchmark and print the table."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def per_s(n: float, seconds: float) -> str:
+    """A rate in thousands per second: ``341k``."""
+    return f"{n / seconds / 1e3:.0f}k"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print the markdown table under the command that produced it."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=50)
     ap.add_argument("--intervals", type=int, default=1000, help="intervals per batch")
-    args = ap.parse_args()
+    ap.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
+    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     bodies = make_batches(args.batches, args.intervals)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows.append(("sqlite", bench(f"sqlite:///{Path(tmp) / 'bench.db'}", bodies)))
-    base = os.environ.get("WATTWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    try:
-        url, (admin, name) = pg_scratch(base)  # type: ignore[misc]
-    except Exception as exc:
-        print(f"(PostgreSQL skipped: {str(exc).splitlines()[0]})")
-    else:
+        rows.append(("SQLite", bench(f"sqlite:///{Path(tmp) / 'bench.db'}", bodies)))
+    note = "(PostgreSQL skipped: --sqlite-only)" if args.sqlite_only else ""
+    if not args.sqlite_only:
+        base = os.environ.get("WATTWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
         try:
-            rows.append(("postgresql", bench(url, bodies)))
-        finally:
-            with admin.connect() as conn:  # type: ignore[attr-defined]
-                conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    print(f"{args.batches} batches x {args.intervals} intervals, one process, one thread\n")
+            url, admin, name = pg_scratch(base)
+        except Exception as exc:
+            note = f"(PostgreSQL skipped: {str(exc).splitlines()[0]})"
+        else:
+            try:
+                rows.append(("PostgreSQL", bench(url, bodies)))
+            finally:
+                with admin.connect() as conn:
+                    conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    print(command("ingest.py", argv))
     print(
-        f"{'database':<11} {'decode/s':>11} {'ingest/s':>10} {'baseline/s':>11} {'ingest÷base':>12} "
-        f"{'report ms':>10} {'jobs':>5}"
-    )
-    for name_, r in rows:
-        n = r["n"]
-        print(
-            f"{name_:<11} {n / r['decode_s']:>11,.0f} {n / r['ingest_s']:>10,.0f} {n / r['baseline_s']:>11,.0f} "
-            f"{r['ingest_s'] / r['baseline_s']:>11.2f}x {r['report_s'] * 1e3:>10.1f} {int(r['jobs']):>5}"
+        paragraph(
+            f"**Collector ingest** ({args.batches} agent batches of {args.intervals:,} intervals; one process, one"
+            " thread), against a baseline measured in the same run: the same raw rows inserted with a plain"
+            " executemany and nothing else:"
         )
-    print("\ningest/s: intervals/s through ingest_batch (attribution, rollups, raw rows, one transaction per batch)")
-    print("baseline/s: the same raw rows inserted with executemany, nothing else (same run, same database)")
+    )
+    header = ("database", "decode/s", "ingest/s", "baseline/s", "ingest ÷ baseline", "report")
+    print(
+        table(
+            header,
+            [
+                [
+                    db,
+                    per_s(r["n"], r["decode_s"]),
+                    per_s(r["n"], r["ingest_s"]),
+                    per_s(r["n"], r["baseline_s"]),
+                    f"{r['ingest_s'] / r['baseline_s']:.2f}x",
+                    f"{r['report_s'] * 1e3:.1f} ms",
+                ]
+                for db, r in rows
+            ],
+        )
+    )
+    if note:
+        print(f"\n{note}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,11 +1,13 @@
-"""Energy per query through the real processes, against the simulator's exact split.
+"""Energy per query through the real processes, against a split of the simulator's truth made without wattwatch.
 
-Starts ``wattwatch up --simulate 1`` (once with the fine tick while requests flow, once without),
-runs an SDK inference server on the simulated GPU that serves overlapping requests (Poisson arrivals,
-~4/s, 0.2-1.5 s each) for ``--seconds``, stops everything, then compares the per-query energies the
-collector stored with the exact split: the board's true power, integrated on 1 ms steps, each step
-shared by the requests in flight. Prints p50/p95 J/query and the median per-query error.
-Run: ``python benchmarks/query_energy_live.py [--seconds 40]`` (about 2 x (seconds + 15) s).
+Starts ``wattwatch up --simulate 1`` (once with the fine tick while requests flow, once with the 1 s
+tick only), runs an SDK inference server on the simulated GPU that serves overlapping requests
+(Poisson arrivals, ~4/s, 0.2-1.5 s each) for ``--seconds``, stops everything, then compares the
+per-query energies the collector stored with the exact split (``exact_split``): the board's exact
+energy, replayed from the simulator's truth log, cut at every request's start and end and shared
+equally by the requests in flight. Prints the markdown table under the command that produced it.
+Run: ``python benchmarks/query_energy_live.py [--seconds 40] [--repeat 1]`` (about 2 x repeat x (seconds +
+15) s; a row per run, so ``--repeat`` shows how much the figures move from one real-time run to the next).
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import httpx
 from sqlalchemy import create_engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from exact_split import exact_request_energy, quantile
+from mdtable import command, paragraph, percent, table
 
 from wattwatch.sensors.simulated import SimulatedFleet
 
@@ -58,6 +67,7 @@ def free_port() -> int:
 
 def run_once(tmp: Path, seconds: float, fine_interval_s: float) -> dict[str, float]:
     """One `up` + server run; returns the measured and exact p50/p95 and the median per-query error."""
+    tmp.mkdir(parents=True, exist_ok=True)
     home = tmp / f"home-{fine_interval_s}"
     db = tmp / f"live-{fine_interval_s}.db"
     port = free_port()
@@ -115,12 +125,14 @@ def run_once(tmp: Path, seconds: float, fine_interval_s: float) -> dict[str, flo
     measured = [e for _, _, e in rows]
     if not spans or any(e is None for e in measured):
         raise SystemExit(f"{sum(e is None for e in measured)} of {len(rows)} queries have no energy yet")
-    exact = exact_split(SimulatedFleet.replay(home / "simulated-gpus.jsonl", 1), spans)
+    fleet = SimulatedFleet.replay(home / "simulated-gpus.jsonl", 1)
+    t0_s, t1_s = min(a for a, _ in spans), max(b for _, b in spans)
+    exact, _waiting_j = exact_request_energy(partial(fleet.exact_energy_j, 0), spans, t0_s, t1_s)
     errors = [abs(m - x) / x for m, x in zip(measured, exact, strict=True) if x > 0]
     return {
         "queries": len(spans),
-        "p50": statistics.median(measured),
-        "p50_exact": statistics.median(exact),
+        "p50": quantile(measured, 0.5),
+        "p50_exact": quantile(exact, 0.5),
         "p95": quantile(measured, 0.95),
         "p95_exact": quantile(exact, 0.95),
         "median_err": statistics.median(errors),
@@ -130,54 +142,56 @@ def run_once(tmp: Path, seconds: float, fine_interval_s: float) -> dict[str, flo
     }
 
 
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
-def exact_split(fleet: SimulatedFleet, spans: list[tuple[float, float]]) -> list[float]:
-    """Each 1 ms step of the board's true power shared equally by the requests in flight at its midpoint."""
-    t0_s, t1_s = min(a for a, _ in spans), max(b for _, b in spans)
-    dt_s = 0.001
-    out = [0.0] * len(spans)
-    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
-    active: list[int] = []
-    nxt = 0
-    for k in range(int((t1_s - t0_s) / dt_s) + 1):
-        mid_s = t0_s + (k + 0.5) * dt_s
-        while nxt < len(order) and spans[order[nxt]][0] <= mid_s:
-            active.append(order[nxt])
-            nxt += 1
-        active = [i for i in active if spans[i][1] > mid_s]
-        if active:
-            share_j = fleet.power_w(0, mid_s) * dt_s / len(active)
-            for i in active:
-                out[i] += share_j
-    return out
-
-
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run with and without the fine tick and print the comparison."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=40.0, help="how long the server serves")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        results = [(f, run_once(Path(tmp), args.seconds, f)) for f in (0.1, 0.0)]
-    print(
-        f"{'intervals':<16} {'queries':>7} {'p50 J':>7} {'exact':>7} {'err':>7} {'p95 J':>7} {'exact':>7} "
-        f"{'err':>7} {'|err| p50':>9} {'|err| p95':>9} {'sum err':>8}"
+    ap.add_argument(
+        "--fine-intervals", type=float, nargs="+", default=[0.1, 0.0], help="--fine-interval of each run (0: off)"
     )
-    for fine_s, r in results:
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each setting (a row each: the spread over runs)")
+    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [
+            (f, k, run_once(Path(tmp) / f"run{k}", args.seconds, f))
+            for k in range(args.repeat)
+            for f in args.fine_intervals
+        ]
+    rows = []
+    for fine_s, k, r in results:
         label = f"fine tick {fine_s:g} s" if fine_s else "1 s tick only"
-        print(
-            f"{label:<16} {int(r['queries']):>7} {r['p50']:>7.1f} {r['p50_exact']:>7.1f} "
-            f"{(r['p50'] - r['p50_exact']) / r['p50_exact']:>+7.2%} {r['p95']:>7.1f} {r['p95_exact']:>7.1f} "
-            f"{(r['p95'] - r['p95_exact']) / r['p95_exact']:>+7.2%} {r['median_err']:>9.2%} {r['p95_err']:>9.2%} "
-            f"{(r['sum'] - r['sum_exact']) / r['sum_exact']:>+8.2%}"
+        rows.append(
+            [
+                label + (f", run {k + 1}" if args.repeat > 1 else ""),
+                f"{int(r['queries'])}",
+                f"{r['p50']:.1f} J ({percent(r['p50'] / r['p50_exact'] - 1)})",
+                f"{r['p95']:.1f} J ({percent(r['p95'] / r['p95_exact'] - 1)})",
+                percent(r["median_err"], sign=False),
+                percent(r["p95_err"], sign=False),
+                percent(r["sum"] / r["sum_exact"] - 1),
+            ]
         )
-    print("\n|err|: per-query error against the exact split (median and 95th percentile over queries)")
+    print(command("query_energy_live.py", argv))
+    print(
+        paragraph(
+            f"**Energy per query through the real processes** (`wattwatch up --simulate 1`, a threaded SDK server,"
+            f" {args.seconds:g} s of overlapping requests), against the exact split of the simulator's energy among"
+            f" the requests in flight (computed without wattwatch); error in brackets:"
+        )
+    )
+    header = (
+        "intervals",
+        "queries",
+        "p50 J/query",
+        "p95 J/query",
+        "per-query error, median",
+        "per-query error, p95",
+        "sum",
+    )
+    print(table(header, rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

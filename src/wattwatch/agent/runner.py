@@ -33,6 +33,7 @@ from wattwatch.agent.discover import ProcessClassifier
 from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
 from wattwatch.agent.kubelet import KubeletPods, PodLookup
 from wattwatch.agent.local_api import LocalApi
+from wattwatch.agent.memory import MemoryShareMeter
 from wattwatch.agent.metrics import DeviceTotals, MetricsServer, build_registry
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.outbox import Outbox
@@ -206,6 +207,7 @@ class Agent:
         self._hook = workload_hook
         self._clock = clock
         self._cpu = CpuTimeMeter(procfs=self.procfs)
+        self._memory = MemoryShareMeter(procfs=self.procfs)
         self._events: queue.Queue[_Event] = queue.Queue()
         self._enqueue_lock = threading.Lock()
         # Restarts (agent.restore): the checkpoint goes into the spool with every batch.
@@ -578,7 +580,9 @@ class Agent:
             return dict.fromkeys(holders, 1.0), 0.0
         if device.kind == "cpu":
             return self._cpu.shares(self.registry.snapshot(), t_end_s - t_start_s, at_s=t_end_s)
-        return {}, 0.0  # DRAM: split by memory use comes with per-process memory accounting
+        if device.kind == "dram":
+            return self._memory.shares(self.registry.snapshot(), at_s=t_end_s)
+        return {}, 0.0
 
     # -- batches -------------------------------------------------------------------------------------
 

@@ -422,11 +422,17 @@ class Agent:
         jobs: list[wire.Job] = []
         if event.kind == "start" and event.job is not None:
             active, _new = self.registry.start(event.job)
+            if self.tracker is not None:
+                # One owner per process: discovered jobs holding the job's processes end at this same read.
+                jobs.extend(self.tracker.claim(active, event.t_s))
             jobs.append(active.to_wire())
         elif event.kind == "end":
             ended = self.registry.end(event.job_id)
             if ended is not None:
                 jobs.append(ended.to_wire(ended_at_s=max(event.t_s, ended.started_at_s)))
+                if self.tracker is not None:
+                    # Its processes still on the GPU start their "after" phase here, not an anonymous job.
+                    jobs.extend(self.tracker.release(ended, max(event.t_s, ended.started_at_s)))
         elif event.kind == "tick" and self.tracker is not None:
             # Discovered jobs start and end at the tick that sees their processes come and go.
             jobs.extend(self.tracker.tick(self.sampler.last_t_s or event.t_s))

@@ -78,8 +78,13 @@ jobs = Table(
     # Longest job_ticks row of the job (s): how far back a window must look for ticks reaching into it.
     # Kept by the span-energy pass (from span_dirty marks), so ingest never updates the jobs row for it.
     Column("max_tick_s", Float, nullable=False, default=0.0, server_default="0"),
+    # A phase of another job's process (wire.PHASE_LABEL): "setup" (before that job opened) or "after"
+    # (after it ended), and that job's id; NULL for ordinary jobs. Reports show the row with that job.
+    Column("phase", String(8), nullable=True),
+    Column("phase_of", String(200), nullable=True),
     Index(None, "started_at_s"),
     Index(None, "ended_at_s"),
+    Index(None, "phase_of"),
 )
 
 energy_intervals = Table(

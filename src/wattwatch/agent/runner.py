@@ -37,6 +37,7 @@ from wattwatch.agent.requests import ResolveVisible, parse_job_start, parse_span
 from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.scrape import Scraper
 from wattwatch.agent.sharing import ShareSettler
+from wattwatch.agent.sim_use import sim_gpu_use
 from wattwatch.agent.spool import Spool
 from wattwatch.agent.tracker import GpuProcesses, ProcessTracker, discovered_by
 from wattwatch.config import Settings
@@ -297,6 +298,9 @@ class Agent:
             return reply
         if op == "jobs":
             return {"ok": True, "jobs": self.jobs()}
+        if op == "sim_gpu_use":  # simulated GPUs only: a process on a GPU outside its jobs (agent.sim_use)
+            gpus = [d for d in self.sampler.devices.values() if d.kind == "gpu"]
+            return sim_gpu_use(msg, self._hook, gpus, self._resolve_visible, self._clock)
         return {"ok": False, "error": f"unknown op {op!r}; expected ping, job_start, job_end, query, queries or jobs"}
 
     def job_start(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -160,3 +160,41 @@ def test_a_process_on_the_gpu_before_its_jobs_is_their_setup_never_a_stray_job(
     csv_lines = render(report, "csv").splitlines()
     assert csv_lines[0].endswith("setup_energy_j,setup_duration_s,after_energy_j,after_duration_s")
     assert "| SETUP |" in render(report, "markdown")
+
+
+def test_a_job_takes_only_its_own_processes_and_a_process_inside_another_job_or_gone_gets_no_phase(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WATTWATCH_", "SLURM_"))}
+    env["WATTWATCH_JOB"] = "shared"  # two ranks of one discovered job, on two GPUs
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env) for _ in range(2)]
+    fleet = SimulatedFleet(2)
+    agent = make_agent(tmp_path, fleet)
+    agent.start()
+    try:
+        for index, rank in enumerate(ranks):
+            fleet.set_activity(index, "training", fleet.clock(), pid=rank.pid)
+        assert agent.tick()
+        assert [(j["id"], j["devices"]) for j in agent.jobs()] == [("shared", ["gpu0", "gpu1"])]
+        t_s = agent.handle({"op": "job_start", "id": "mine", "name": "mine", "pid": ranks[0].pid})["t_s"]
+        agent.handle({"op": "job_start", "id": "inner", "name": "inner", "pid": ranks[0].pid})
+        # The other rank stays with the discovered job, which now holds only its GPU.
+        split = {"shared": ["gpu1"], "mine": ["gpu0"], "inner": []}
+        wait_for(lambda: {j["id"]: j["devices"] for j in agent.jobs()} == split, 5, "the split")
+        agent.handle({"op": "job_end", "id": "inner"})  # its process is still inside "mine": no phase
+        assert agent.tick()
+        assert sorted(j["id"] for j in agent.jobs()) == ["mine", "shared"]
+        fleet.set_activity(0, "idle", fleet.clock(), pid=ranks[0].pid)  # the process leaves the GPU, then
+        agent.handle({"op": "job_end", "id": "mine"})  # its job ends: nothing of it is left to phase
+        assert agent.tick()
+        assert [j["id"] for j in agent.jobs()] == ["shared"]
+    finally:
+        agent.stop(flush_timeout_s=0.2)
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    records = [j for b in spooled(tmp_path) for j in b.jobs]
+    assert {j.id for j in records} == {"shared", "mine", "inner"}
+    assert all(wire.PHASE_LABEL not in j.labels for j in records)
+    gpu0 = [iv for b in spooled(tmp_path) for iv in b.intervals if iv.device == "gpu0" and iv.t_start_s >= t_s]
+    assert gpu0 and all("shared" not in iv.shares for iv in gpu0)

@@ -26,6 +26,7 @@ from wattwatch.config import Settings
 from wattwatch.report import render
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sensors.visible import resolve_visible
 from wattwatch.storage import repository
 
 
@@ -198,3 +199,31 @@ def test_a_job_takes_only_its_own_processes_and_a_process_inside_another_job_or_
     assert all(wire.PHASE_LABEL not in j.labels for j in records)
     gpu0 = [iv for b in spooled(tmp_path) for iv in b.intervals if iv.device == "gpu0" and iv.t_start_s >= t_s]
     assert gpu0 and all("shared" not in iv.shares for iv in gpu0)
+
+
+def test_a_process_that_reached_the_gpu_inside_its_first_job_is_claimed_by_the_next_before_any_tick(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    pid = sleeper.pid
+    fleet = SimulatedFleet(1)
+    sensor = NvmlSensor(fleet.module(), clock=fleet.clock)
+    settings = Settings(home=tmp_path, collector_url="http://127.0.0.1:9", interval_s=3600, host="h")
+    agent = Agent(
+        settings, [sensor], gpu_processes=sensor, serve_socket=False, procfs=ProcFs(), resolve_visible=resolve_visible
+    )
+    agent.start()
+    try:
+        start = {"op": "job_start", "kind": "inference", "pid": pid, "cuda_visible_devices": "0"}
+        agent.handle({**start, "id": "j1", "name": "j1"})
+        wait_for(lambda: [j for j, _ in held(agent)] == ["j1"], 5, "j1")
+        fleet.set_activity(0, "training", fleet.clock(), pid=pid)  # the model loads inside the first job
+        time.sleep(0.2)
+        close_job(agent, "j1")  # no tick yet: the process was never seen by one
+        [(after_1, _)] = held(agent)
+        time.sleep(0.2)
+        t2 = agent.handle({**start, "id": "j2", "name": "j2"})["t_s"]
+        wait_for(lambda: [j for j, _ in held(agent)] == ["j2"], 5, "j2 to take its process at its start")
+    finally:
+        agent.stop(flush_timeout_s=0.2)
+    ends = {j.id: j for b in spooled(tmp_path) for j in b.jobs if j.ended_at_s is not None}
+    assert ends[after_1].ended_at_s == t2 and ends[after_1].labels[wire.PHASE_OF_LABEL] == "j2"

@@ -23,7 +23,6 @@ whose processes open several different jobs becomes the setup of the last one to
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,9 +31,9 @@ from typing import Protocol
 from wattwatch import wire
 from wattwatch.agent.discover import Discovered, ProcessClassifier
 from wattwatch.agent.jobs import DISCOVERED_BY, ActiveJob, JobRegistry
+from wattwatch.agent.phases import PhaseBook
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.errors import SensorError
-from wattwatch.units import JobKind
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +67,6 @@ class _Found:
     devices: set[str] = field(default_factory=set)
 
 
-@dataclass
-class _Claim:
-    """A GPU process an explicit job has owned: outside its jobs it is in a phase of them, never anonymous."""
-
-    start_ticks: int
-    job_id: str  # the explicit job that owned it last
-    job_name: str
-    job_kind: JobKind
-    phases: int = 0  # phase jobs made for it so far (they number the phase ids)
-    phase_id: str | None = None  # its phase job while it runs outside a job
-
-
-_BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_.:@/-]")
-
-
 class ProcessTracker:
     """Per-tick view of GPU processes. Driven from the agent's worker thread; ``job_of_pid`` and
     ``gpu_pids`` may be read from other threads (they read immutable snapshots)."""
@@ -108,8 +92,9 @@ class ProcessTracker:
         self._lineages: dict[int, tuple[int, ...]] = {}
         self._missing: dict[int, int] = {}  # pid NVML lists but /proc lacks -> ticks in a row
         self._keys_of: dict[int, frozenset[str]] = {}  # GPU pid -> the GPUs NVML listed it on, last tick
-        self._claimed: dict[int, _Claim] = {}  # processes explicit jobs owned, while they live
-        self._phases: dict[str, Discovered] = {}  # running phase job id -> what it is
+        # Processes explicit jobs owned and their phases outside them (with discovery only: else such a
+        # process is idle outside its jobs, like any process no job holds).
+        self._book = PhaseBook(classifier.host) if classifier is not None else None
         self._seen_missing: set[int] = set()
         self._warned = False
         self._lock = threading.Lock()
@@ -142,10 +127,12 @@ class ProcessTracker:
                 if explicit is not None:
                     owners[pid] = explicit
                     binds.setdefault(explicit, set()).add(key)
-                    self._remember(pid, known.start_ticks, explicit_jobs[explicit])
+                    if self._book is not None:
+                        self._book.remember(pid, known.start_ticks, explicit_jobs[explicit])
                     continue
                 # A process that has opened a job is in a phase of its jobs between them, never anonymous.
-                info = self._phase_of(pid, known) or self._classify(pid, known)
+                phase = self._book.phase_of(pid, known.start_ticks) if self._book is not None else None
+                info = phase or self._classify(pid, known)
                 if info is None:
                     continue
                 owners[pid] = info.job_id
@@ -159,7 +146,8 @@ class ProcessTracker:
         with self._lock:
             self._owners, self._lineages = owners, lineages
         out = self._bind(binds) + self._apply(found, t_s)
-        self._forget_claims(lineages)
+        if self._book is not None:
+            self._book.forget(self._discovered, lineages, self._alive)
         return out
 
     def end_all(self, t_s: float) -> list[wire.Job]:
@@ -193,8 +181,8 @@ class ProcessTracker:
                 new_owners[pid] = job.id
                 keys |= self._keys_of.get(pid, frozenset())
                 known = self._known.get(pid)
-                if known is not None:
-                    self._remember(pid, known.start_ticks, job)
+                if known is not None and self._book is not None:
+                    self._book.remember(pid, known.start_ticks, job)
             left = [pid for pid, o in new_owners.items() if o == owner]
             if not left:
                 out += self._end_as_phase(owner, "setup", job.id, t_s)
@@ -215,7 +203,8 @@ class ProcessTracker:
         starts its ``after`` phase at ``t_s``, so it neither becomes an anonymous job at the next tick
         nor leaves its energy to idle. Only with discovery on (else a process outside its jobs is idle)."""
         roots = job.all_pids
-        if self.classifier is None or not roots:
+        book = self._book
+        if book is None or not roots:
             return []
         explicit_roots = {pid for j in self.registry.snapshot() if j.explicit for pid in j.pids}
         keys_of: dict[int, set[str]] = {}
@@ -234,14 +223,14 @@ class ProcessTracker:
         if not keys_of:
             return []
         with self._lock:
-            new_owners = dict(self._owners)
+            new_owners, new_lineages = dict(self._owners), dict(self._lineages)
         out: list[wire.Job] = []
         for pid, keys in sorted(keys_of.items()):
-            known = self._known[pid]
-            claim = self._claimed.get(pid)
-            if claim is not None and claim.start_ticks == known.start_ticks and claim.phase_id in self._discovered:
+            start_ticks = self._known[pid].start_ticks
+            new_lineages[pid] = tuple(self._known[pid].lineage)  # a next job's claim looks it up before a tick
+            if book.running(pid, start_ticks) is not None:
                 continue  # still in the phase it was in before the job could claim it (no tick since)
-            info = self._new_phase(pid, self._remember(pid, known.start_ticks, job))
+            info = book.new_phase(pid, book.remember(pid, start_ticks, job))
             phase = ActiveJob(
                 id=info.job_id,
                 name=info.name,
@@ -257,46 +246,16 @@ class ProcessTracker:
             self._discovered.add(info.job_id)
             new_owners[pid] = info.job_id
             out.append(active.to_wire())
+        self._keys_of = {**self._keys_of, **{pid: frozenset(keys) for pid, keys in keys_of.items()}}
         with self._lock:
-            self._owners = new_owners
+            self._owners, self._lineages = new_owners, new_lineages
         return out
-
-    def _remember(self, pid: int, start_ticks: int, job: ActiveJob) -> _Claim:
-        """Note that explicit ``job`` owns process ``pid`` now (a phase it was in ends; its count stays)."""
-        claim = self._claimed.get(pid)
-        if claim is None or claim.start_ticks != start_ticks:
-            claim = self._claimed[pid] = _Claim(start_ticks, job.id, job.name, job.kind)
-        else:
-            claim.job_id, claim.job_name, claim.job_kind = job.id, job.name, job.kind
-            claim.phase_id = None
-        return claim
-
-    def _phase_of(self, pid: int, known: _Known) -> Discovered | None:
-        """The phase job of a claimed process outside any explicit job (made now if it has none)."""
-        claim = self._claimed.get(pid)
-        if claim is None or claim.start_ticks != known.start_ticks or self.classifier is None:
-            return None
-        if claim.phase_id is None or claim.phase_id not in self._phases:
-            return self._new_phase(pid, claim)
-        return self._phases[claim.phase_id]
-
-    def _new_phase(self, pid: int, claim: _Claim) -> Discovered:
-        """A new ``after`` phase of the job that owned ``pid`` last (it becomes the next job's setup if the
-        process opens one)."""
-        claim.phases += 1
-        host = self.classifier.host if self.classifier is not None else ""
-        phase_id = _BAD_ID_CHARS.sub("-", f"proc-{host}-{pid}-{claim.start_ticks}.{claim.phases}")[-200:]
-        reason = f"after:{claim.job_id}"
-        labels = {DISCOVERED_BY: reason, wire.PHASE_LABEL: "after", wire.PHASE_OF_LABEL: claim.job_id}
-        info = Discovered(phase_id, f"after {claim.job_name}"[:200], claim.job_kind, reason, pid, labels)
-        claim.phase_id = phase_id
-        self._phases[phase_id] = info
-        return info
 
     def _end_as_phase(self, job_id: str, phase: str, of: str, t_s: float) -> list[wire.Job]:
         """End discovered job ``job_id`` at ``t_s`` as the ``phase`` of job ``of``."""
         self._discovered.discard(job_id)
-        self._phases.pop(job_id, None)
+        if self._book is not None:
+            self._book.ended(job_id)
         self.registry.set_discovered(job_id, (), ())
         ended = self.registry.end(job_id)
         if ended is None:
@@ -305,18 +264,9 @@ class ProcessTracker:
         log.info("job %s ended: its processes opened job %s; it is that job's %s", job_id, of, phase)
         return [ended.to_wire(ended_at_s=max(t_s, ended.started_at_s))]
 
-    def _forget_claims(self, listed: Mapping[int, object]) -> None:
-        """Drop finished phases from the claims, and the claims of processes that exited."""
-        for pid, claim in list(self._claimed.items()):
-            if claim.phase_id is not None and claim.phase_id not in self._discovered:
-                self._phases.pop(claim.phase_id, None)
-                claim.phase_id = None
-            if pid not in listed:
-                st = self.procfs.stat(pid)
-                if st is None or st.start_ticks != claim.start_ticks:
-                    del self._claimed[pid]
-        for phase_id in set(self._phases) - self._discovered:
-            del self._phases[phase_id]
+    def _alive(self, pid: int, start_ticks: int) -> bool:
+        st = self.procfs.stat(pid)
+        return st is not None and st.start_ticks == start_ticks
 
     def _root_of(self, pid: int) -> int:
         known = self._known.get(pid)

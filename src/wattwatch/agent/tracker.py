@@ -14,10 +14,11 @@ discovered job left with no process ends there, relabelled as the new job's ``se
 (``wire.PHASE_LABEL``, ``wire.PHASE_OF_LABEL``). When the explicit job ends while its process stays on
 the GPU, ``release`` starts that process's ``after`` phase at the end boundary; if the process opens
 another job, the phase becomes that job's setup. So a process that has opened a job is never again an
-anonymous job: between its jobs it is a phase of them. Phases are ordinary jobs on the wire (energy is
-split and conserved exactly as for any job: jobs + idle = measured); reports hide them and show their
-energy and time with the job they belong to (``setup_energy_j``, ``after_energy_j``). A discovered job
-whose processes open several different jobs becomes the setup of the last one to claim it.
+anonymous job: between its jobs it is a phase of them (``agent.phases`` keeps those books). Phases are
+ordinary jobs on the wire (energy is split and conserved exactly as for any job: jobs + idle =
+measured); reports hide them and show their energy and time with the job they belong to
+(``setup_energy_j``, ``after_energy_j``). A discovered job whose processes open several different jobs
+becomes the setup of the last one to claim it.
 """
 
 from __future__ import annotations

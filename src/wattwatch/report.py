@@ -2,8 +2,10 @@
 
 Formats: ``table`` (terminal), ``json`` (the contract of DESIGN.md), ``csv`` and ``markdown``.
 Estimated energy is marked as such: a source column shows where each job's joules came from.
-The table and markdown add p50/p95 J/query, waiting energy and J/step columns only when some job
-has them, so a report of training runs stays as narrow as before; CSV always has every column.
+The table and markdown add p50/p95 J/query, waiting energy, J/step, setup and after columns only when
+some job has them, so a report of training runs stays as narrow as before; CSV always has every column.
+SETUP is what the job's process drew before the job opened (model load, warm-up), AFTER what it drew
+after the job ended while it stayed on the GPU: not part of the job's ENERGY, and held by no other job.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("energy_j", "ENERGY"),
     ("gpu_energy_j", "GPU"),
     ("cpu_energy_j", "CPU"),
+    ("setup_energy_j", "SETUP"),
+    ("after_energy_j", "AFTER"),
     ("avg_power_w", "AVG W"),
     ("peak_power_w", "PEAK W"),
     ("queries", "QUERIES"),
@@ -37,7 +41,16 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("sources", "SOURCES"),
 )
 # Columns shown only when at least one job has a value in them.
-_OPTIONAL = frozenset({"energy_per_query_p50_j", "energy_per_query_p95_j", "waiting_energy_j", "energy_per_step_j"})
+_OPTIONAL = frozenset(
+    {
+        "energy_per_query_p50_j",
+        "energy_per_query_p95_j",
+        "waiting_energy_j",
+        "energy_per_step_j",
+        "setup_energy_j",
+        "after_energy_j",
+    }
+)
 
 _CSV_FIELDS = (
     "id",
@@ -70,6 +83,10 @@ _CSV_FIELDS = (
     "energy_per_step_p50_j",
     "energy_per_step_p95_j",
     "ended_by",
+    "setup_energy_j",
+    "setup_duration_s",
+    "after_energy_j",
+    "after_duration_s",
 )
 
 

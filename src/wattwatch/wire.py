@@ -20,6 +20,14 @@ from wattwatch.units import DeviceKind, JobKind, Source
 
 WIRE_VERSION = 1
 T = TypeVar("T")
+
+# A job record with these labels is a phase of another job's process, not a job of its own: its energy is
+# that job's ``setup`` (drawn before the job opened: model load, warm-up, the gap since the process's
+# previous job) or ``after`` (drawn after it ended, while the process stayed on its GPUs). Reports fold
+# it into the job named by PHASE_OF_LABEL; an agent may relabel a phase (after -> setup of the next job).
+PHASE_LABEL = "wattwatch.io/phase"
+PHASE_OF_LABEL = "wattwatch.io/phase-of"
+PHASES = ("setup", "after")
 SpanKind = Literal["query", "step", "epoch"]
 
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]

@@ -11,6 +11,8 @@ Requests (``op`` names the operation; ``noreply: true`` makes it fire-and-forget
     {"op": "queries", "spans": [{"job": "...", "t_start_s": 1.0, "t_end_s": 2.0, ...}, ...],
      "noreply": true}                      (up to 10,000 spans; what the SDK's span buffer sends)
     {"op": "jobs"}                         (the active jobs and why: ``discovered_by``)
+    {"op": "sim_gpu_use", "pid": 123, "cuda_visible_devices": "0", "kind": "training",
+     "sm_util_percent": 70 | "leave": true}  (simulated GPUs only: ``agent.sim_use``)
 
 Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "what to fix"}``; ``queries`` keeps the
 good spans of a message and answers ``accepted`` / ``rejected`` counts.

@@ -54,6 +54,7 @@ from wattwatch.agent.restore import (
 from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.scrape import Scraper
 from wattwatch.agent.sharing import ShareSettler
+from wattwatch.agent.sim_use import sim_gpu_use
 from wattwatch.agent.spool import Spool
 from wattwatch.agent.tracker import GpuProcesses, ProcessTracker, discovered_by
 from wattwatch.config import Settings
@@ -337,6 +338,9 @@ class Agent:
             return reply
         if op == "jobs":
             return {"ok": True, "jobs": self.jobs()}
+        if op == "sim_gpu_use":  # simulated GPUs only: a process on a GPU outside its jobs (agent.sim_use)
+            gpus = [d for d in self.sampler.devices.values() if d.kind == "gpu"]
+            return sim_gpu_use(msg, self._hook, gpus, self._resolve_visible, self._clock)
         return {"ok": False, "error": f"unknown op {op!r}; expected ping, job_start, job_end, query, queries or jobs"}
 
     def job_start(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -455,11 +459,17 @@ class Agent:
         jobs: list[wire.Job] = []
         if event.kind == "start" and event.job is not None:
             active, _new = self.registry.start(event.job)
+            if self.tracker is not None:
+                # One owner per process: discovered jobs holding the job's processes end at this same read.
+                jobs.extend(self.tracker.claim(active, event.t_s))
             jobs.append(active.to_wire())
         elif event.kind == "end":
             ended = self.registry.end(event.job_id)
             if ended is not None:
                 jobs.append(ended.to_wire(ended_at_s=max(event.t_s, ended.started_at_s)))
+                if self.tracker is not None:
+                    # Its processes still on the GPU start their "after" phase here, not an anonymous job.
+                    jobs.extend(self.tracker.release(ended, max(event.t_s, ended.started_at_s)))
         elif event.kind == "tick":
             # Discovered jobs start and end at the tick that sees their processes come and go.
             if self.tracker is not None:

@@ -5,6 +5,20 @@ ends discovered jobs, and weighs the jobs sharing a GPU by their processes' SM u
 Cheap on purpose (it runs on every tick): one NVML process list per GPU, one ``stat`` read per GPU
 process, and the rest (ancestry, environment, cgroups, kubelet) only the first time a process is seen,
 cached by (pid, start time) so a reused pid is never mistaken for the old process.
+
+One owner per process at every instant. An inference server or a training script puts its model on the
+GPU before it opens its job, so the tracker first finds it as a discovered (often anonymous) job. When
+an explicit job starts (SDK, ``wattwatch run``, the integrations), ``claim`` runs at that same boundary
+read: every GPU process in the job's process trees leaves the discovered job that held it, and a
+discovered job left with no process ends there, relabelled as the new job's ``setup`` phase
+(``wire.PHASE_LABEL``, ``wire.PHASE_OF_LABEL``). When the explicit job ends while its process stays on
+the GPU, ``release`` starts that process's ``after`` phase at the end boundary; if the process opens
+another job, the phase becomes that job's setup. So a process that has opened a job is never again an
+anonymous job: between its jobs it is a phase of them (``agent.phases`` keeps those books). Phases are
+ordinary jobs on the wire (energy is split and conserved exactly as for any job: jobs + idle =
+measured); reports hide them and show their energy and time with the job they belong to
+(``setup_energy_j``, ``after_energy_j``). A discovered job whose processes open several different jobs
+becomes the setup of the last one to claim it.
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ from typing import Protocol
 from wattwatch import wire
 from wattwatch.agent.discover import Discovered, ProcessClassifier
 from wattwatch.agent.jobs import DISCOVERED_BY, ActiveJob, JobRegistry
+from wattwatch.agent.phases import PhaseBook
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.errors import SensorError
 
@@ -77,6 +92,10 @@ class ProcessTracker:
         self._owners: dict[int, str] = {}  # GPU pid -> job id, as of the last tick
         self._lineages: dict[int, tuple[int, ...]] = {}
         self._missing: dict[int, int] = {}  # pid NVML lists but /proc lacks -> ticks in a row
+        self._keys_of: dict[int, frozenset[str]] = {}  # GPU pid -> the GPUs NVML listed it on, last tick
+        # Processes explicit jobs owned and their phases outside them (with discovery only: else such a
+        # process is idle outside its jobs, like any process no job holds).
+        self._book = PhaseBook(classifier.host) if classifier is not None else None
         self._seen_missing: set[int] = set()
         self._warned = False
         self._lock = threading.Lock()
@@ -85,9 +104,11 @@ class ProcessTracker:
 
     def tick(self, t_s: float) -> list[wire.Job]:
         """Look at the GPUs' processes now; returns the job records that changed (started, rebound, ended)."""
-        explicit_roots = {pid: j.id for j in self.registry.snapshot() if j.explicit for pid in j.pids}
+        explicit_jobs = {j.id: j for j in self.registry.snapshot() if j.explicit}
+        explicit_roots = {pid: j.id for j in explicit_jobs.values() for pid in j.pids}
         owners: dict[int, str] = {}
         lineages: dict[int, tuple[int, ...]] = {}
+        keys_of: dict[int, set[str]] = {}
         self._seen_missing = set()
         binds: dict[str, set[str]] = {}
         found: dict[str, _Found] = {}
@@ -102,12 +123,17 @@ class ProcessTracker:
                 if known is None:
                     continue
                 lineages[pid] = tuple(known.lineage)
+                keys_of.setdefault(pid, set()).add(key)
                 explicit = next((explicit_roots[p] for p in known.lineage if p in explicit_roots), None)
                 if explicit is not None:
                     owners[pid] = explicit
                     binds.setdefault(explicit, set()).add(key)
+                    if self._book is not None:
+                        self._book.remember(pid, known.start_ticks, explicit_jobs[explicit])
                     continue
-                info = self._classify(pid, known)
+                # A process that has opened a job is in a phase of its jobs between them, never anonymous.
+                phase = self._book.phase_of(pid, known.start_ticks) if self._book is not None else None
+                info = phase or self._classify(pid, known)
                 if info is None:
                     continue
                 owners[pid] = info.job_id
@@ -117,13 +143,145 @@ class ProcessTracker:
         for gone in set(self._known) - set(lineages):
             del self._known[gone]
         self._missing = {pid: n for pid, n in self._missing.items() if pid in self._seen_missing}
+        self._keys_of = {pid: frozenset(keys) for pid, keys in keys_of.items()}
         with self._lock:
             self._owners, self._lineages = owners, lineages
-        return self._bind(binds) + self._apply(found, t_s)
+        out = self._bind(binds) + self._apply(found, t_s)
+        if self._book is not None:
+            self._book.forget(self._discovered, lineages, self._alive)
+        return out
 
     def end_all(self, t_s: float) -> list[wire.Job]:
         """End every discovered job (the agent is stopping)."""
         return self._apply({}, t_s)
+
+    # -- explicit job boundaries ----------------------------------------------------------------------
+
+    def claim(self, job: ActiveJob, t_s: float) -> list[wire.Job]:
+        """Explicit ``job`` started at ``t_s`` (its boundary read is taken): it takes, from the discovered
+        jobs holding them as of the last tick, the GPU processes in its process trees; a discovered job
+        left with none ends at ``t_s`` as ``job``'s setup phase. Binds ``job`` (when it binds by process)
+        to those processes' GPUs at once. Returns the records that changed, not ``job``'s own."""
+        roots = job.all_pids
+        with self._lock:
+            owners, lineages = self._owners, self._lineages
+        taken: dict[str, set[int]] = {}
+        for pid, owner in owners.items():
+            if owner == job.id or owner not in self._discovered or not roots.intersection(lineages.get(pid, ())):
+                continue
+            holder = self.registry.get(owner)
+            if holder is not None and not holder.explicit:  # an explicit job merged into it keeps it
+                taken.setdefault(owner, set()).add(pid)
+        if not taken:
+            return []
+        new_owners = dict(owners)
+        keys: set[str] = set()
+        out: list[wire.Job] = []
+        for owner, pids in sorted(taken.items()):
+            for pid in pids:
+                new_owners[pid] = job.id
+                keys |= self._keys_of.get(pid, frozenset())
+                known = self._known.get(pid)
+                if known is not None and self._book is not None:
+                    self._book.remember(pid, known.start_ticks, job)
+            left = [pid for pid, o in new_owners.items() if o == owner]
+            if not left:
+                out += self._end_as_phase(owner, "setup", job.id, t_s)
+                continue
+            left_keys = frozenset(k for pid in left for k in self._keys_of.get(pid, ()))
+            if self.registry.set_discovered(owner, {self._root_of(pid) for pid in left}, left_keys):
+                kept = self.registry.get(owner)
+                if kept is not None:
+                    out.append(kept.to_wire())
+        with self._lock:
+            self._owners = new_owners
+        if job.bind_by_process and keys:
+            self.registry.bind(job.id, keys, "NVML lists its process")
+        return out
+
+    def release(self, job: ActiveJob, t_s: float) -> list[wire.Job]:
+        """Explicit ``job`` ended at ``t_s``: each of its processes NVML still lists on its GPUs (asked now)
+        starts its ``after`` phase at ``t_s``, so it neither becomes an anonymous job at the next tick
+        nor leaves its energy to idle. Only with discovery on (else a process outside its jobs is idle)."""
+        roots = job.all_pids
+        book = self._book
+        if book is None or not roots:
+            return []
+        explicit_roots = {pid for j in self.registry.snapshot() if j.explicit for pid in j.pids}
+        keys_of: dict[int, set[str]] = {}
+        for key in sorted(job.held_devices):
+            try:
+                pids = self._gpu.running_pids(key)
+            except SensorError as exc:
+                log.debug("no process list for %s: %s", key, exc)
+                continue
+            for pid in pids:
+                known = self._peek(pid)
+                # The nearest root decides: a process still inside another explicit job stays that job's.
+                nearest = next((p for p in known.lineage if p in roots or p in explicit_roots), None) if known else None
+                if nearest is not None and nearest not in explicit_roots:
+                    keys_of.setdefault(pid, set()).add(key)
+        if not keys_of:
+            return []
+        with self._lock:
+            new_owners, new_lineages = dict(self._owners), dict(self._lineages)
+        out: list[wire.Job] = []
+        for pid, keys in sorted(keys_of.items()):
+            start_ticks = self._known[pid].start_ticks
+            new_lineages[pid] = tuple(self._known[pid].lineage)  # a next job's claim looks it up before a tick
+            if book.running(pid, start_ticks) is not None:
+                continue  # still in the phase it was in before the job could claim it (no tick since)
+            info = book.new_phase(pid, book.remember(pid, start_ticks, job))
+            phase = ActiveJob(
+                id=info.job_id,
+                name=info.name,
+                kind=info.kind,
+                started_at_s=t_s,
+                labels=dict(info.labels),
+                bind_by_process=True,
+                explicit=False,
+                proc_pids=frozenset({pid}),
+                proc_devices=frozenset(keys),
+            )
+            active, _new = self.registry.start(phase)
+            self._discovered.add(info.job_id)
+            new_owners[pid] = info.job_id
+            out.append(active.to_wire())
+        self._keys_of = {**self._keys_of, **{pid: frozenset(keys) for pid, keys in keys_of.items()}}
+        with self._lock:
+            self._owners, self._lineages = new_owners, new_lineages
+        return out
+
+    def _end_as_phase(self, job_id: str, phase: str, of: str, t_s: float) -> list[wire.Job]:
+        """End discovered job ``job_id`` at ``t_s`` as the ``phase`` of job ``of``."""
+        self._discovered.discard(job_id)
+        if self._book is not None:
+            self._book.ended(job_id)
+        self.registry.set_discovered(job_id, (), ())
+        ended = self.registry.end(job_id)
+        if ended is None:
+            return []
+        ended.labels = {**ended.labels, wire.PHASE_LABEL: phase, wire.PHASE_OF_LABEL: of}
+        log.info("job %s ended: its processes opened job %s; it is that job's %s", job_id, of, phase)
+        return [ended.to_wire(ended_at_s=max(t_s, ended.started_at_s))]
+
+    def _alive(self, pid: int, start_ticks: int) -> bool:
+        st = self.procfs.stat(pid)
+        return st is not None and st.start_ticks == start_ticks
+
+    def _root_of(self, pid: int) -> int:
+        known = self._known.get(pid)
+        return known.discovered.root_pid if known is not None and known.discovered is not None else pid
+
+    def _peek(self, pid: int) -> _Known | None:
+        """Like ``_lookup`` between ticks: no missing-process bookkeeping."""
+        st = self.procfs.stat(pid)
+        if st is None:
+            return None
+        known = self._known.get(pid)
+        if known is None or known.start_ticks != st.start_ticks:
+            known = self._known[pid] = _Known(st.start_ticks, self.procfs.lineage(pid))
+        return known
 
     def _lookup(self, pid: int) -> _Known | None:
         st = self.procfs.stat(pid)

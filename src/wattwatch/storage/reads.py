@@ -3,6 +3,14 @@
 One report entry per job, shaped exactly as DESIGN.md's report JSON (plus a few extra fields);
 ``build_report``, ``list_jobs`` and ``get_job`` all return these entries, so the CLI, the HTTP API
 and the dashboards agree on every number.
+
+Phases (``jobs.phase``, see ``agent.tracker``): the energy a job's process drew before the job opened
+(``setup``) or after it ended while it stayed on its GPUs (``after``) is stored as a job of its own, so
+every joule is held by exactly one job or is idle. Reports and job lists hide those rows and show them
+with their job: ``setup_energy_j``/``setup_duration_s``, ``after_energy_j``/``after_duration_s`` and the
+``phases`` they came from. A job's ``energy_j`` stays its own window's energy; jobs' energy plus their
+setup and after energy plus idle is what the devices measured. ``get_job`` of a phase's own id still
+answers (with ``phase`` and ``phase_of`` set).
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ def _snapshot(engine: Engine) -> Iterator[Connection]:
 def _job_where(*, since_s: float | None, job_id: str | None, kind: str | None) -> list[ColumnElement[bool]]:
     if kind is not None and kind not in JOB_KINDS:
         raise ValueError(f"kind {kind!r} is not one of {', '.join(JOB_KINDS)}")
-    where: list[ColumnElement[bool]] = []
+    # A phase is shown with its job; asked for by its own id, it answers.
+    where: list[ColumnElement[bool]] = [] if job_id is not None else [jobs.c.phase_of.is_(None)]
     if since_s is not None:
         # Jobs that ended after `since`, or that still run.
         where.append(or_(jobs.c.ended_at_s.is_(None), jobs.c.ended_at_s >= since_s))
@@ -88,6 +97,7 @@ def _job_entries(
         .where(job_hosts.c.job_id.in_(job_ids))
     ).all()
     figures = read_span_figures(conn, job_ids)
+    phases = _phases_of(conn, job_ids, now_s=now_s)
 
     per_job_host: dict[str, dict[str, dict[str, float]]] = {}
     per_job_kind: dict[str, dict[str, float]] = {}
@@ -151,8 +161,61 @@ def _job_entries(
                 for name, h in sorted(per_host.items())
             ],
             "source_note": "; ".join(notes) or None,
+            **_phase_fields(phases.get(job.id, [])),
+            "phase": job.phase,
+            "phase_of": job.phase_of,
         }
     return entries
+
+
+def _phases_of(conn: Connection, job_ids: Select[Any], *, now_s: float) -> dict[str, list[dict[str, Any]]]:
+    """job id -> the phases (setup, after) of the jobs ``job_ids`` selects, in start order, with their energy."""
+    phase = jobs.alias("phase")  # not correlated with the ``jobs`` that ``job_ids`` reads
+    rows = conn.execute(
+        select(phase.c.id, phase.c.phase, phase.c.phase_of, phase.c.started_at_s, phase.c.ended_at_s).where(
+            phase.c.phase_of.in_(job_ids)
+        )
+    ).all()
+    if not rows:
+        return {}
+    jde = job_device_energy
+    energy_j = dict(
+        conn.execute(
+            select(jde.c.job_id, func.sum(jde.c.energy_j))
+            .where(jde.c.job_id.in_([r.id for r in rows]))
+            .group_by(jde.c.job_id)
+        ).all()
+    )
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: (r.started_at_s, r.id)):
+        out.setdefault(r.phase_of, []).append(
+            {
+                "id": r.id,
+                "phase": r.phase,
+                "energy_j": float(energy_j.get(r.id) or 0.0),
+                "started_at_s": r.started_at_s,
+                "ended_at_s": r.ended_at_s,
+                "duration_s": max((r.ended_at_s if r.ended_at_s is not None else now_s) - r.started_at_s, 0.0),
+            }
+        )
+    return out
+
+
+def _phase_fields(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """A job's setup and after figures from its phases: energy summed, time the span they cover (a job's
+    processes' phases overlap in time); None when it has no such phase."""
+    fields: dict[str, Any] = {}
+    for name in ("setup", "after"):
+        mine = [p for p in phases if p["phase"] == name]
+        if not mine:
+            fields[f"{name}_energy_j"] = fields[f"{name}_duration_s"] = None
+            continue
+        start_s = min(p["started_at_s"] for p in mine)
+        end_s = max(p["started_at_s"] + p["duration_s"] for p in mine)
+        fields[f"{name}_energy_j"] = math.fsum(p["energy_j"] for p in mine)
+        fields[f"{name}_duration_s"] = end_s - start_s
+    fields["phases"] = phases
+    return fields
 
 
 def build_report(

@@ -254,6 +254,8 @@ _INTERVAL_COLUMNS = ("device_id", "t_start_s", "t_end_s", "energy_j", "source", 
 
 
 def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float) -> dict[str, Any]:
+    phase, phase_of = job.labels.get(wire.PHASE_LABEL), job.labels.get(wire.PHASE_OF_LABEL)
+    is_phase = phase in wire.PHASES and bool(phase_of)
     return {
         "id": job.id,
         "name": job.name,
@@ -265,6 +267,8 @@ def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float
         "ended_by": job.ended_by if job.ended_at_s is not None else None,
         "created_at_s": created_at_s,
         "placeholder": False,
+        "phase": phase if is_phase else None,
+        "phase_of": phase_of[:200] if is_phase and phase_of else None,
     }
 
 
@@ -324,6 +328,9 @@ def _upsert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
                 "kind": new.kind,
                 # An end record or another host often sends no labels; that must not erase them.
                 "labels": case((cast(new.labels, Text) == "{}", jobs.c.labels), else_=new.labels),
+                # The phase comes from the labels, so it changes only with them (after -> setup of the next job).
+                "phase": case((cast(new.labels, Text) == "{}", jobs.c.phase), else_=new.phase),
+                "phase_of": case((cast(new.labels, Text) == "{}", jobs.c.phase_of), else_=new.phase_of),
                 "placeholder": False,
                 "started_at_s": least(conn, jobs.c.started_at_s, new.started_at_s),
                 "ended_at_s": case(

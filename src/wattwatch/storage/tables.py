@@ -81,8 +81,13 @@ jobs = Table(
     # Null: the job's own process or client ended it. Else who did (wire.Job.ended_by, or the collector's
     # ``collector-silent-agent`` for a job no host reported for too long; an agent's later end replaces it).
     Column("ended_by", String(40), nullable=True),
+    # A phase of another job's process (wire.PHASE_LABEL): "setup" (before that job opened) or "after"
+    # (after it ended), and that job's id; NULL for ordinary jobs. Reports show the row with that job.
+    Column("phase", String(8), nullable=True),
+    Column("phase_of", String(200), nullable=True),
     Index(None, "started_at_s"),
     Index(None, "ended_at_s"),
+    Index(None, "phase_of"),
 )
 
 energy_intervals = Table(

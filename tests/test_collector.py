@@ -441,3 +441,27 @@ def test_span_energy_runs_on_a_timer_and_once_more_at_shutdown(settings: Setting
     assert job is not None and job["queries_settled"] == 11
     with pytest.raises(ValueError, match="positive"):
         create_app(settings, db_engine, span_energy_interval_s=0.0)
+
+
+def test_phases_are_shown_with_their_job(client: TestClient, clock: Clock) -> None:
+    # The energy a job's process drew before the job opened is the job's setup phase, not a job series.
+    clock.now_s = T0 + 3
+    setup = {wire.PHASE_LABEL: "setup", wire.PHASE_OF_LABEL: "srv"}
+    b = batch(
+        1,
+        jobs=[
+            wire.Job(id="proc-h1-7", name="python", kind="other", started_at_s=T0, ended_at_s=T0 + 1, labels=setup),
+            wire.Job(id="srv", name="chat", kind="inference", started_at_s=T0 + 1),
+        ],
+        intervals=[iv("gpu0", T0, 80.0, {"proc-h1-7": 1.0}), iv("gpu0", T0 + 1, 300.0, {"srv": 1.0})],
+    )
+    assert post_batch(client, b).status_code == 200
+    samples = [s for f in _families(client.get("/metrics").text).values() for s in f.samples]
+    assert not any(s.labels.get("job_id") == "proc-h1-7" for s in samples)
+    (phase,) = [s for s in samples if s.name == "wattwatch_job_phase_energy_joules_total"]
+    assert phase.labels["job_id"] == "srv" and phase.labels["phase"] == "setup" and phase.value == 80
+    energy = [s for s in samples if s.name == "wattwatch_job_energy_joules_total"]
+    assert [(s.labels["job_id"], s.value) for s in energy] == [("srv", 300)]
+    host = sum(s.value for s in samples if s.name == "wattwatch_host_energy_joules_total")
+    idle = sum(s.value for s in samples if s.name == "wattwatch_idle_energy_joules_total")
+    assert host == 380 and idle == 0  # job + phase + idle = measured

@@ -7,7 +7,10 @@ summing over replicas never double counts. docs/metrics.md lists every family.
 
 Job series are labelled ``job_id``, ``job_name`` and ``kind`` (never ``job``: Prometheus' own scrape
 label), plus the job labels an operator names (``--metric-labels team,namespace``). Series that would
-always read zero (queries of a training job) are not exported.
+always read zero (queries of a training job) are not exported. A phase of a job's process (its setup
+before the job opened, or what it drew after the job ended: ``agent.tracker``) is no job series of its
+own: its energy is ``wattwatch_job_phase_energy_joules`` with its job's labels, so job + phase + idle
+energy is what the hosts measured.
 """
 
 from __future__ import annotations
@@ -153,9 +156,13 @@ class JobMetricsCollector(Collector):
         intensity.add_metric([], s.grid_intensity_g_per_kwh)
         pue.add_metric([], s.pue)
         labels_of: dict[str, list[str]] = {}
+        phases: dict[str, tuple[list[str], str]] = {}  # phase job id -> (its job's labels, "setup" | "after")
         for job_id, job in snap.jobs.items():
             labels = [job_id, job.name, job.kind, *(job.labels.get(key, "") for key, _ in self._user_labels)]
             labels_of[job_id] = labels
+            if job.phase is not None and job.phase_of is not None:
+                phases[job_id] = (labels, job.phase)
+                continue
             f.running.add_metric(labels, 1.0 if job.running else 0.0)
             if job.queries:
                 f.queries.add_metric(labels, float(job.queries))
@@ -165,10 +172,23 @@ class JobMetricsCollector(Collector):
             if figures is not None:
                 f.add_span_figures(labels, figures)
             f.emissions.add_metric(labels, emissions_g(job.energy_j, s.grid_intensity_g_per_kwh, s.pue))
+        for phase_id, (_own, phase) in phases.items():
+            owner = snap.jobs[phase_id].phase_of
+            if owner in labels_of and owner not in phases:
+                phases[phase_id] = (labels_of[owner], phase)  # shown as its job's, once that job is visible
+        phase_j: dict[tuple[str, ...], float] = {}
         for job_id, host_name, device_kind, energy_j in snap.job_energy:
-            f.energy.add_metric([*labels_of[job_id], host_name, device_kind], energy_j)
+            if job_id in phases:
+                labels, phase = phases[job_id]
+                phase_key = (*labels, phase, host_name, device_kind)
+                phase_j[phase_key] = phase_j.get(phase_key, 0.0) + energy_j
+            else:
+                f.energy.add_metric([*labels_of[job_id], host_name, device_kind], energy_j)
+        for phase_key, energy_j in phase_j.items():
+            f.phase_energy.add_metric(list(phase_key), energy_j)
         for job_id, host_name, power_w in snap.job_power:
-            f.power.add_metric([*labels_of[job_id], host_name], power_w)
+            if job_id not in phases:
+                f.power.add_metric([*labels_of[job_id], host_name], power_w)
         for host_name, key, device_kind, energy_j in snap.idle:
             idle.add_metric([host_name, key, device_kind], energy_j)
         for host_name, key, device_kind, energy_j in snap.host:
@@ -198,6 +218,12 @@ class _JobFamilies:
             "wattwatch_job_energy_joules",
             "Energy attributed to a job, per host and device kind (J).",
             labels=[*jl, "host", "device_kind"],
+        )
+        self.phase_energy = CounterMetricFamily(
+            "wattwatch_job_phase_energy_joules",
+            "Energy a job's processes drew outside its window: before it opened (setup: model load, warm-up) or "
+            "after it ended (after) (J).",
+            labels=[*jl, "phase", "host", "device_kind"],
         )
         self.power = GaugeMetricFamily(
             "wattwatch_job_power_watts",
@@ -237,6 +263,7 @@ class _JobFamilies:
         """Every family, in exposition order."""
         return [
             self.energy,
+            self.phase_energy,
             self.power,
             self.running,
             self.queries,

@@ -339,6 +339,9 @@ class MetricsJob:
     energy_j: float = 0.0
     queries: int = 0
     tokens: int = 0
+    # Set on a phase (setup / after) of another job's process: /metrics shows it with that job.
+    phase: str | None = None
+    phase_of: str | None = None
 
 
 @dataclass
@@ -374,10 +377,14 @@ def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals
     snap = MetricsSnapshot()
     with _snapshot(engine) as conn:
         for r in conn.execute(
-            select(jobs.c.id, jobs.c.name, jobs.c.kind, jobs.c.ended_at_s, jobs.c.labels).where(visible)
+            select(
+                jobs.c.id, jobs.c.name, jobs.c.kind, jobs.c.ended_at_s, jobs.c.labels, jobs.c.phase, jobs.c.phase_of
+            ).where(visible)
         ):
             labels = {str(k): str(v) for k, v in (r.labels or {}).items()}
-            snap.jobs[r.id] = MetricsJob(r.name, r.kind, r.ended_at_s is None, labels)
+            snap.jobs[r.id] = MetricsJob(
+                r.name, r.kind, r.ended_at_s is None, labels, phase=r.phase, phase_of=r.phase_of
+            )
         for job_id, host, device_kind, energy_j in conn.execute(
             select(jde.c.job_id, hosts.c.name, devices.c.kind, func.sum(jde.c.energy_j))
             .select_from(device_host.join(jobs, jobs.c.id == jde.c.job_id))

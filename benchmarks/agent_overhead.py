@@ -4,7 +4,7 @@ Starts, all at once, and measures over the same window after a warm-up:
 
 - a real ``wattwatch agent --simulate N --interval S`` pushing to a real ``wattwatch collector`` (both
   ``python -m wattwatch.cli``, in temporary homes, SQLite), so the push path is included; with
-  ``--metrics`` the agent also serves ``--metrics-listen`` and this script scrapes it once a second;
+  ``--metrics`` the agent also serves ``--metrics-listen`` and this script scrapes it every ``--scrape-every`` s;
 - CodeCarbon's ``OfflineEmissionsTracker`` (``measure_power_secs`` = the tick) tracking the same
   simulated boards through the same fake ``pynvml`` (``overhead_workers.py codecarbon``);
 - the simulator alone, its boards read once per tick (``overhead_workers.py simulator``): the
@@ -47,7 +47,6 @@ HERE = Path(__file__).resolve().parent
 WATTWATCH = [sys.executable, "-m", "wattwatch.cli"]
 MB = 1e6
 SAMPLE_EVERY_S = 0.5
-SCRAPE_EVERY_S = 1.0
 START_TIMEOUT_S = 60.0
 AGENT = "wattwatch agent"
 CODECARBON = "CodeCarbon OfflineEmissionsTracker"
@@ -320,11 +319,11 @@ def measure(args: argparse.Namespace, tmp: Path) -> Run:
         rows = [agent, codecarbon, simulator, sleeper]
         run = Run(rows=rows, window_s=0.0, collector=collector)
         watched = [*rows, collector]
-        monitor(run, watched, args.warmup, metrics_url if args.metrics else None, measuring=False)
+        monitor(run, watched, args.warmup, metrics_url if args.metrics else None, args.scrape_every, measuring=False)
         t0 = time.monotonic()
         for m in watched:
             m.start_window()
-        monitor(run, watched, args.duration, metrics_url if args.metrics else None, measuring=True)
+        monitor(run, watched, args.duration, metrics_url if args.metrics else None, args.scrape_every, measuring=True)
         for m in watched:
             m.end_window()
         run.window_s = time.monotonic() - t0
@@ -341,9 +340,17 @@ def measure(args: argparse.Namespace, tmp: Path) -> Run:
     return run
 
 
-def monitor(run: Run, watched: list[Measured], seconds: float, metrics_url: str | None, *, measuring: bool) -> None:
+def monitor(
+    run: Run,
+    watched: list[Measured],
+    seconds: float,
+    metrics_url: str | None,
+    scrape_every_s: float,
+    *,
+    measuring: bool,
+) -> None:
     """For ``seconds``: sample RSS every ``SAMPLE_EVERY_S`` (when ``measuring``) and scrape the agent's
-    /metrics every ``SCRAPE_EVERY_S`` (when asked), failing early if a process dies."""
+    /metrics every ``scrape_every_s`` (when asked), failing early if a process dies."""
     now = time.monotonic()
     end = now + seconds
     next_sample = next_scrape = now
@@ -357,7 +364,7 @@ def monitor(run: Run, watched: list[Measured], seconds: float, metrics_url: str 
                 run.scrapes_failed += 1
             else:
                 run.scrapes_ok += 1
-            next_scrape += SCRAPE_EVERY_S
+            next_scrape += scrape_every_s
         for m in watched:
             if m.popen.poll() is not None:
                 raise BenchError(f"{m.name} exited with {m.popen.returncode} during the run: {m.log_tail()}")
@@ -398,7 +405,7 @@ def format_table(run: Run, args: argparse.Namespace, command: str) -> str:
     lines.append(
         f"Measured together over the same {run.window_s:.1f} s window after a {args.warmup:g} s warm-up: the wattwatch "
         f"agent reading {args.gpus} simulated GPUs every {args.interval:g} s and pushing to a real collector (SQLite)"
-        + (f", its /metrics scraped every {SCRAPE_EVERY_S:g} s" if args.metrics else "")
+        + (f", its /metrics scraped every {args.scrape_every:g} s" if args.metrics else "")
         + f", against CodeCarbon {_version('codecarbon')}'s OfflineEmissionsTracker reading the same simulated boards "
         "through the same fake pynvml and keeping its figures in memory (save_to_file=False); CPU = user+sys "
         "CPU-seconds of the process and its children per wall second; "
@@ -439,7 +446,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--metrics",
         action="store_true",
-        help="agent serves --metrics-listen 127.0.0.1:PORT, scraped once a second (needs an agent that has it)",
+        help="agent serves --metrics-listen 127.0.0.1:PORT, scraped every --scrape-every seconds",
+    )
+    p.add_argument(
+        "--scrape-every",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="with --metrics: seconds between scrapes (default 15, a common Prometheus scrape interval)",
     )
     args = p.parse_args(argv)
     if args.duration <= 0 or args.warmup < 0 or args.interval <= 0 or not 1 <= args.gpus <= 64:

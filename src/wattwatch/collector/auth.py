@@ -52,7 +52,9 @@ class Principal:
         """Raise 403 unless this caller may read reports and metrics."""
         if self.role == "agent":
             raise ApiError(
-                403, f"an agent token writes only; reading needs a reader token ({CREATE_HINT})", "Authorization"
+                403,
+                "an agent token writes only; reading needs a reader token (`wattwatch token create --role reader`)",
+                "Authorization",
             )
 
     def require_write(self, host: str | None, field: str = "host") -> str | None:

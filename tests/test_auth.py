@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
+from sqlalchemy.exc import OperationalError
 
 from test_storage import T0, batch, iv, row_counts
 from wattwatch import wire
@@ -286,3 +287,19 @@ def test_sql_shaped_and_unicode_names_round_trip_as_text(
     r = post_batch(client, batch(2, host=host, agent_id="a-" + str(len(host))), near)
     assert (r.status_code, r.json()["field"]) == (403, "host")
     assert json.loads(r.text)["error"].endswith(f"not {host!r}")
+
+
+def test_tokens_read_at_start_stay_in_force_while_the_database_is_away(
+    settings: Settings, db_engine: Engine, made: Tokens, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = create_app(settings, db_engine, span_energy_interval_s=None, token_refresh_s=0.0)
+    with TestClient(app) as c:  # its start read the tokens
+
+        def away(_engine: Engine) -> None:
+            raise OperationalError("SELECT", {}, Exception("connection refused"))
+
+        monkeypatch.setattr(tokens, "active_tokens", away)
+        # /metrics still answers (it is how Prometheus learns the database is down), and still needs a token.
+        assert c.get("/metrics", headers=bearer(made.reader)).status_code == 200
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/metrics", headers=bearer(made.revoked)).status_code == 401

@@ -358,3 +358,29 @@ def test_two_agents_on_one_cloned_spool(sqlite_url: str, tmp_path: Path) -> None
     loud = [line for line in err.splitlines() if " ERROR " in line and "cloned spool?" in line]
     assert loud, err
     assert "belongs to host 'h1', but this batch comes from host 'h2'" in loud[0]
+
+
+def test_up_keeps_pushing_once_tokens_exist_and_then_requires_them(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = env_for(home)
+    assert run(["db", "upgrade"], env).returncode == 0
+    reader = run(["token", "create", "--role", "reader"], env).stdout.strip()
+    port = free_port()
+    proc = subprocess.Popen(
+        [*WATTWATCH, "up", "--simulate", "1", "--listen", f"127.0.0.1:{port}", "--interval", "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        # Its own agent pushes with an in-process credential; callers need a token like everywhere else.
+        wait_for(lambda: bool(host_names(f"sqlite:///{home / 'wattwatch.db'}")), 30.0, "the local agent's batches")
+        assert httpx.get(f"{url}/api/v1/report", timeout=5).status_code == 401
+        ok = httpx.get(f"{url}/api/v1/report", headers={"Authorization": f"Bearer {reader}"}, timeout=5)
+        assert ok.status_code == 200 and ok.json()["idle"]
+    finally:
+        _, err = stop(proc)
+    assert proc.returncode == 0, err
+    assert "refused our token" not in err

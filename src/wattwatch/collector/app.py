@@ -78,8 +78,13 @@ def create_app(
         settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock, span_energy=span_energy
     )
 
+    auth = Authenticator(
+        db, static_token=settings.token, local_token=local_token, required=auth_required, refresh_s=token_refresh_s
+    )
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(auth.preload)
         span_energy.start()
         silent_hosts.start()
         try:
@@ -101,9 +106,6 @@ def create_app(
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
-    )
-    auth = Authenticator(
-        db, static_token=settings.token, local_token=local_token, required=auth_required, refresh_s=token_refresh_s
     )
     app.state.wattwatch = ctx
     app.state.metrics_leader = leader

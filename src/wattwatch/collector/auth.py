@@ -121,6 +121,14 @@ class Authenticator:
         self._used: dict[int, float] = {}
         self._used_flushed_at_s = float("-inf")
 
+    def preload(self) -> None:
+        """Read the database's tokens now if it answers, so /metrics can still be authenticated (and say the
+        database is down) if it goes away before the first request."""
+        try:
+            self._current()
+        except SQLAlchemyError as exc:
+            log.debug("API tokens not read at start (%s); the first request reads them", exc)
+
     def __call__(self, request: Request) -> Principal:
         """Authenticate ``request`` (any role)."""
         return self.authenticate(request.headers.get("authorization"))

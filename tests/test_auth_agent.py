@@ -18,6 +18,7 @@ from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.storage import tokens
 from wattwatch.storage.tables import hosts
 
 
@@ -103,3 +104,16 @@ def test_a_reused_seq_with_other_content_is_set_aside_loudly(
                for r in caplog.records)  # fmt: skip
     report = client.get("/api/v1/report").json()
     assert sum(d["energy_j"] for d in report["idle"]) == 350.0  # batch 0 from a, batch 1 from b; never b's 0
+
+
+def test_a_token_for_another_host_is_said_plainly_and_the_batches_wait(tmp_path: Path, db_engine: Engine) -> None:
+    _, token = tokens.create_token(db_engine, "agent", "h2")
+    spool = Spool(tmp_path / "s.db")
+    spool.set_meta("agent_id", "a1")
+    put(spool, "h1")
+    with TestClient(create_app(Settings(home=tmp_path), db_engine, span_energy_interval_s=None)) as client:
+        pusher = Pusher(spool, "http://testserver", client=client, token=token)
+        assert pusher.push_pending() is False
+    assert "HTTP 403: host: this agent token is for host 'h2', not 'h1'" in pusher.stats.last_error
+    assert "--host" in pusher.stats.last_error
+    assert spool.pending() == 1 and spool.dead() == 0  # a configuration problem: fixing it lets them through

@@ -98,7 +98,10 @@ class Pusher:
             self._backoff_s = 0.0
             return True
         if resp.status_code in (401, 403):
-            self._fail(f"collector refused our token (HTTP {resp.status_code}); check --token / WATTWATCH_TOKEN")
+            self._fail(
+                f"collector refused our token (HTTP {resp.status_code}: {_error_of(resp)}); check --token, "
+                "--token-file or WATTWATCH_TOKEN(_FILE), and that --host is the token's host"
+            )
             return False
         if resp.status_code == 409:
             return self._conflict(seq, resp)
@@ -113,11 +116,7 @@ class Pusher:
 
     def _conflict(self, seq: int, resp: httpx.Response) -> bool:
         """A 409: the batch's key is someone else's (agent_id) or held other content (seq)."""
-        try:
-            answer = resp.json()
-            field, error = str(answer.get("field")), str(answer.get("error"))
-        except (ValueError, AttributeError):
-            field, error = "", resp.text[:500]
+        field, error = _field_of(resp), _error_of(resp)
         if field == "seq":
             self.stats.conflicts += 1
             log.error("collector refused batch %d: %s; kept aside in %s", seq, error, self.spool.path)
@@ -146,3 +145,19 @@ class Pusher:
     def close(self) -> None:
         """Close the HTTP client."""
         self._client.close()
+
+
+def _field_of(resp: httpx.Response) -> str:
+    """The ``field`` of the collector's JSON error body ("" if there is none)."""
+    try:
+        return str(resp.json().get("field") or "")
+    except (ValueError, AttributeError):
+        return ""
+
+
+def _error_of(resp: httpx.Response) -> str:
+    """The ``error`` of the collector's JSON error body, else the start of the body."""
+    try:
+        return str(resp.json()["error"])[:500]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:500]

@@ -42,6 +42,7 @@ AGENT_FAMILIES = {
     "wattwatch_agent_spool_dead_batches": "gauge",
     "wattwatch_agent_batches_pushed": "counter",
     "wattwatch_agent_push_failures": "counter",
+    "wattwatch_agent_push_conflicts": "counter",
     "wattwatch_agent_last_push_timestamp_seconds": "gauge",
     "wattwatch_agent_sample_duration_seconds": "histogram",
     "wattwatch_agent_sensor_errors": "counter",

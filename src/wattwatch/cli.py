@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from wattwatch import __version__
-from wattwatch.config import Settings, load_settings, parse_listen
+from wattwatch.config import Settings, load_settings, parse_listen, resolve_token
 from wattwatch.errors import ConfigError, WattwatchError
 from wattwatch.units import JOB_KINDS, parse_duration_s
 
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_listen(up)
     up.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
     up.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
+    _add_allow_open(up)
     _add_metric_labels(up)
     _add_agent_options(up)
 
@@ -94,11 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the central service (PostgreSQL in production)",
         formatter_class=_fmt(),
         epilog="examples:\n  wattwatch collector --db postgresql://wattwatch@db/wattwatch --listen 0.0.0.0:8470\n"
-        "  wattwatch collector --migrate --metric-labels team,namespace",
+        "  wattwatch collector --listen 0.0.0.0:8470 --tls-cert cert.pem --tls-key key.pem   HTTPS\n"
+        "  wattwatch collector --migrate --metric-labels team,namespace\n"
+        "Beyond loopback it needs a token: `wattwatch token create --role agent --host HOST` (or --allow-open).",
     )
     _add_db(col)
     _add_listen(col)
-    col.add_argument("--token", help="require this bearer token from agents and readers")
+    _add_token(col, "a static admin token (backward compatible; prefer `wattwatch token create`)")
+    col.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (chain) file")
+    col.add_argument("--tls-key", metavar="PEM", help="the certificate's private key file")
+    _add_allow_open(col)
     col.add_argument("--migrate", action="store_true", help="apply database migrations before serving")
     _add_metric_labels(col)
 
@@ -112,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  wattwatch agent --collector http://collector:8470 --metrics-listen 0.0.0.0:9471",
     )
     ag.add_argument("--collector", metavar="URL", help="collector base URL (default http://127.0.0.1:8470)")
-    ag.add_argument("--token", help="bearer token for the collector")
+    _add_token(ag, "bearer token for the collector: an agent token for this host")
+    _add_ca_file(ag)
     ag.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
     ag.add_argument("--host", help="host name to report (default: this machine's)")
     ag.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
@@ -136,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-job energy summaries",
         formatter_class=_fmt(),
         epilog="examples:\n  wattwatch report --since 7d\n"
-        "  wattwatch report --server http://collector:8470 --kind inference --format json",
+        "  wattwatch report --server http://collector:8470 --kind inference --format json\n"
+        "  WATTWATCH_TOKEN_FILE=reader.token wattwatch report --server https://collector:8470 --ca-file ca.pem",
     )
     src = rep.add_mutually_exclusive_group()
     src.add_argument("--server", metavar="URL", help="ask a running collector")
@@ -145,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--kind", choices=JOB_KINDS, help="only jobs of this kind")
     rep.add_argument("--since", metavar="DURATION", help="only jobs active in this window, e.g. 7d, 12h")
     rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
-    rep.add_argument("--token", help="bearer token for --server")
+    _add_token(rep, "bearer token for --server: a reader token")
+    _add_ca_file(rep)
 
     doc = sub.add_parser(
         "doctor",
@@ -170,7 +179,51 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  wattwatch db upgrade --db sqlite:///w.db",
     )
     _add_db(upg)
+
+    from wattwatch import token_cli
+
+    token_cli.add_parser(sub, _fmt(), _add_db)
     return p
+
+
+# --- identity (issue 9): tokens from argv, the environment or a file; TLS; the open-collector guard --------
+
+
+def _add_token(p: argparse.ArgumentParser, what: str) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--token", help=f"{what} (visible in process lists: prefer WATTWATCH_TOKEN or --token-file)")
+    group.add_argument("--token-file", metavar="PATH", help="read the token from this file (WATTWATCH_TOKEN_FILE)")
+
+
+def _add_ca_file(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ca-file",
+        metavar="PEM",
+        help="trust only this CA for an https collector (WATTWATCH_CA_FILE; default: system)",
+    )
+
+
+def _add_allow_open(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-open",
+        action="store_true",
+        help="listen beyond loopback even with no token (anyone reaching it may write and read)",
+    )
+
+
+def _identity_changes(args: argparse.Namespace) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    if getattr(args, "token", None):
+        changes.update(token=args.token, token_file="")
+    if getattr(args, "token_file", None):
+        changes.update(token_file=args.token_file, token="")
+    for name in ("ca_file", "tls_cert", "tls_key"):
+        if getattr(args, name, None):
+            changes[name] = getattr(args, name)
+    return changes
+
+
+# --- end identity ------------------------------------------------------------------------------------------
 
 
 def _add_agent_options(p: argparse.ArgumentParser) -> None:
@@ -292,9 +345,9 @@ def _settings_from(args: argparse.Namespace) -> Settings:
 
         metric_label_names(args.metric_labels)  # a clash is a usage error now, not when the first scrape comes
         changes["metric_labels"] = args.metric_labels
-    if getattr(args, "token", None) and args.command in ("agent", "collector"):
-        changes["token"] = args.token
-    return dataclasses.replace(settings, **changes)
+    changes.update(_identity_changes(args))
+    settings = dataclasses.replace(settings, **changes)
+    return resolve_token(settings) if args.command in ("up", "demo", "collector", "agent", "report") else settings
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
@@ -303,14 +356,14 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch.standalone import run_up
 
         _check_simulate(args.simulate)
-        run_up(settings, simulate=args.simulate, options=_agent_options(args))
+        run_up(settings, simulate=args.simulate, options=_agent_options(args), allow_open=args.allow_open)
         return 0
     if cmd == "demo":
         return _demo(args, settings)
     if cmd == "collector":
         from wattwatch.standalone import run_collector
 
-        run_collector(settings, migrate=args.migrate)
+        run_collector(settings, migrate=args.migrate, allow_open=args.allow_open)
         return 0
     if cmd == "agent":
         from wattwatch.standalone import run_agent
@@ -324,6 +377,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return _report(args, settings)
     if cmd == "doctor":
         return _doctor(args, settings)
+    if cmd == "token":
+        from wattwatch import token_cli
+
+        return token_cli.run(args, settings)
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
@@ -445,7 +502,7 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
         except ValueError as exc:
             raise UsageError(f"--since: {exc}") from None
     if args.server:
-        report = _report_from_server(args)
+        report = _report_from_server(args, settings)
     else:
         from wattwatch.storage.engine import check_ready
         from wattwatch.storage.repository import build_report
@@ -468,15 +525,20 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _report_from_server(args: argparse.Namespace) -> dict[str, Any]:
+def _report_from_server(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     import httpx
 
+    from wattwatch.tls import client_verify, untrusted_certificate, untrusted_message
+
     params = {k: v for k, v in (("job", args.job), ("kind", args.kind), ("since", args.since)) if v}
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
     url = args.server.rstrip("/") + "/api/v1/report"
     try:
-        resp = httpx.get(url, params=params, headers=headers, timeout=30)
+        resp = httpx.get(url, params=params, headers=headers, timeout=30, verify=client_verify(settings.ca_file))
     except httpx.HTTPError as exc:
+        reason = untrusted_certificate(exc)
+        if reason:
+            raise UsageError(untrusted_message(args.server, reason)) from None
         raise UsageError(f"collector at {args.server} unreachable ({exc}); check --server") from None
     if resp.status_code != 200:
         raise UsageError(f"collector answered HTTP {resp.status_code}: {resp.text[:200]}")

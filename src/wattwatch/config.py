@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from wattwatch.errors import ConfigError
@@ -32,6 +32,12 @@ class Settings:
     listen: str = "127.0.0.1:8470"
     collector_url: str = "http://127.0.0.1:8470"
     token: str = ""
+    # Identity (issue 9): the bearer token from a file instead (resolve_token reads it); the CA an agent or
+    # `report --server` trusts for an https collector; the collector's TLS certificate and key.
+    token_file: str = ""
+    ca_file: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
     interval_s: float = 1.0
     push_interval_s: float = 1.0
     host: str = ""  # empty: the machine's hostname
@@ -80,6 +86,10 @@ _ENV = {
     "listen": "WATTWATCH_LISTEN",
     "collector_url": "WATTWATCH_COLLECTOR",
     "token": "WATTWATCH_TOKEN",
+    "token_file": "WATTWATCH_TOKEN_FILE",
+    "ca_file": "WATTWATCH_CA_FILE",
+    "tls_cert": "WATTWATCH_TLS_CERT",
+    "tls_key": "WATTWATCH_TLS_KEY",
     "interval_s": "WATTWATCH_INTERVAL",
     "push_interval_s": "WATTWATCH_PUSH_INTERVAL",
     "host": "WATTWATCH_HOST",
@@ -92,6 +102,25 @@ _ENV = {
     "restart_bridge_max_s": "WATTWATCH_RESTART_BRIDGE_MAX",
     "host_silent_after_s": "WATTWATCH_HOST_SILENT_AFTER",
 }
+
+
+def resolve_token(settings: Settings) -> Settings:
+    """``settings`` with ``token`` read from ``token_file`` when one is named (ConfigError saying what to fix).
+
+    A token in a file (or an environment variable) stays out of process lists, where argv is visible.
+    """
+    if not settings.token_file:
+        return settings
+    if settings.token:
+        raise ConfigError("both a token and a token file are set; use one (WATTWATCH_TOKEN or WATTWATCH_TOKEN_FILE)")
+    path = Path(settings.token_file).expanduser()
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path} ({exc.strerror}); check --token-file") from None
+    if not token or any(c.isspace() for c in token):
+        raise ConfigError(f"the token file {path} must hold one token on one line; check --token-file")
+    return replace(settings, token=token)
 
 
 def load_settings(env: Mapping[str, str] | None = None, config_file: Path | None = None) -> Settings:

@@ -8,6 +8,7 @@ agent closes its last intervals and pushes them while the collector still listen
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import threading
 import time
@@ -118,28 +119,46 @@ class StopFlag:
 
 
 class Collector:
-    """The collector app served by uvicorn in a background thread."""
+    """The collector app served by uvicorn in a background thread.
 
-    def __init__(self, settings: Settings, *, migrate: bool) -> None:
+    Beyond loopback it needs a token (static or in the database) unless ``allow_open``: else ConfigError,
+    one line saying how to make one. ``local_token`` authenticates ``wattwatch up``'s own agent. With
+    ``settings.tls_cert`` and ``tls_key`` it serves HTTPS.
+    """
+
+    def __init__(self, settings: Settings, *, migrate: bool, allow_open: bool = False, local_token: str = "") -> None:
         import uvicorn
 
         from wattwatch.collector.app import create_app
+        from wattwatch.collector.auth import is_loopback, open_collector_error
         from wattwatch.storage import engine as storage_engine
         from wattwatch.storage import migrate as storage_migrate
+        from wattwatch.storage.tokens import any_active
+        from wattwatch.tls import check_server_files
 
         url = settings.resolved_db_url
         if migrate:
             if not settings.db_url:
                 settings.home.mkdir(parents=True, exist_ok=True)
             storage_migrate.upgrade(url)
-        self.engine = storage_engine.check_ready(url)
         host, port = settings.listen_host_port()
-        app = create_app(settings, engine=self.engine)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        check_server_files(settings.tls_cert, settings.tls_key)
+        self.engine = storage_engine.check_ready(url)
+        # Identity (issue 9): beyond loopback, a token is required, now and after the last one is revoked.
+        required = not is_loopback(host) and not allow_open
+        if required and not settings.token and not any_active(self.engine):
+            self.engine.dispose()
+            raise ConfigError(open_collector_error(settings.listen))
+        app = create_app(settings, engine=self.engine, local_token=local_token, auth_required=required)
+        tls: dict[str, Any] = {}
+        if settings.tls_cert:
+            tls = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, **tls)
         self.server = uvicorn.Server(config)
         # The main thread owns SIGINT/SIGTERM; uvicorn leaves signals alone outside the main thread.
         self._thread = threading.Thread(target=self.server.run, name="wattwatch-collector", daemon=True)
-        self.url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{port}"
+        scheme = "https" if settings.tls_cert else "http"
+        self.url = f"{scheme}://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{port}"
 
     def start(self, timeout_s: float = 15.0) -> None:
         """Start serving; raise ConfigError when the port cannot be bound."""
@@ -167,15 +186,20 @@ def run_up(
     driver: Callable[[Settings, threading.Event], None] | None = None,
     duration_s: float | None = None,
     options: AgentOptions | None = None,
+    allow_open: bool = False,
 ) -> None:
     """Collector + local agent until SIGINT/SIGTERM (or ``duration_s``); ``driver`` runs beside them (demo);
-    ``options`` as for ``build_agent``."""
+    ``options`` as for ``build_agent``. Plain HTTP: the agent talks to its collector over loopback."""
     stop = StopFlag()
     stop.install()
-    collector = Collector(settings, migrate=True)
+    settings = replace(settings, tls_cert="", tls_key="")
+    # The local agent's own credential: it works once tokens exist, and never switches authentication on.
+    local_token = settings.token or secrets.token_urlsafe(32)
+    collector = Collector(settings, migrate=True, allow_open=allow_open, local_token=local_token)
     collector.start()
     try:
-        parts = build_agent(replace(settings, collector_url=collector.url), simulate=simulate, options=options)
+        agent_settings = replace(settings, collector_url=collector.url, token=local_token, ca_file="")
+        parts = build_agent(agent_settings, simulate=simulate, options=options)
         agent = parts.agent
         agent.start()
     except BaseException:
@@ -215,11 +239,13 @@ def run_up(
         collector.stop()
 
 
-def run_collector(settings: Settings, *, migrate: bool, announce: Callable[[str], None] = print) -> None:
-    """The central service until SIGINT/SIGTERM."""
+def run_collector(
+    settings: Settings, *, migrate: bool, announce: Callable[[str], None] = print, allow_open: bool = False
+) -> None:
+    """The central service until SIGINT/SIGTERM (``allow_open``: serve beyond loopback without any token)."""
     stop = StopFlag()
     stop.install()
-    collector = Collector(settings, migrate=migrate)
+    collector = Collector(settings, migrate=migrate, allow_open=allow_open)
     collector.start()
     announce(f"wattwatch collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
     try:

@@ -141,6 +141,13 @@ class _Families:
             "wattwatch_agent_push_failures", "Push attempts that failed (collector away, 5xx).", labels=["host"]
         )
     )
+    push_conflicts: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
+            "wattwatch_agent_push_conflicts",
+            "Pushes refused as a cloned spool's (409: agent id of another host, or a seq stored with other content).",
+            labels=["host"],
+        )
+    )
     last_push: GaugeMetricFamily = field(
         default_factory=lambda: GaugeMetricFamily(
             "wattwatch_agent_last_push_timestamp_seconds",
@@ -203,6 +210,7 @@ class AgentCollector(Collector):
         stats = agent.pusher.stats
         out.pushed.add_metric([host], float(stats.pushed))
         out.push_failures.add_metric([host], float(stats.failures))
+        out.push_conflicts.add_metric([host], float(stats.conflicts))
         out.last_push.add_metric([host], stats.last_pushed_at_s)
         cumulative, count, sum_s = agent.sampler.stats.histogram()
         buckets = [(repr(bound_s), float(n)) for bound_s, n in cumulative] + [("+Inf", float(count))]

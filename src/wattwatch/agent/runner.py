@@ -60,6 +60,7 @@ from wattwatch.agent.tracker import GpuProcesses, ProcessTracker, discovered_by
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.base import DeviceInfo, Sensor
+from wattwatch.tls import client_verify
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,9 @@ class Agent:
             agent_id = uuid.uuid4().hex
             self.spool.set_meta("agent_id", agent_id)
         self.agent_id = agent_id
-        self.pusher = Pusher(self.spool, settings.collector_url, token=settings.token)
+        self.pusher = Pusher(
+            self.spool, settings.collector_url, token=settings.token, verify=client_verify(settings.ca_file)
+        )
         self.procfs = procfs or ProcFs(self.options.proc_root)
         self._owned_pods: KubeletPods | None = None
         if pods is None and self.options.kubelet_url and gpu_processes is not None:

@@ -1,14 +1,15 @@
 """``create_app(settings)``: the collector as a FastAPI app. No module-level app or state.
 
 Errors reach clients as JSON ``{"error": "...", "field": "..."}``: 422 for a body or parameter that
-does not fit (``field`` is its dotted path), 401 for a missing token, 404 for an unknown job, 503
-when the database is unreachable or unmigrated.
+does not fit (``field`` is its dotted path), 401 for a missing or unknown token, 403 for a token whose
+role or host may not do this (``collector.auth``), 404 for an unknown job, 409 for an idempotency key
+used with other content or an agent id of another host, 503 when the database is unreachable or
+unmigrated.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,13 +17,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from wattwatch.collector.auth import DEFAULT_REFRESH_S, Authenticator
 from wattwatch.collector.bodies import OPENAPI_BODIES
 from wattwatch.collector.errors import ApiError
 from wattwatch.collector.leader import MetricsLeader
@@ -47,6 +50,9 @@ def create_app(
     clock: Callable[[], float] = time.time,
     span_energy_interval_s: float | None = DEFAULT_INTERVAL_S,
     span_energy_settle_s: float = DEFAULT_SETTLE_S,
+    local_token: str = "",
+    auth_required: bool = False,
+    token_refresh_s: float = DEFAULT_REFRESH_S,
 ) -> FastAPI:
     """The collector app for ``settings``; stores into ``engine`` (default: one for ``settings.resolved_db_url``).
 
@@ -57,6 +63,10 @@ def create_app(
     (``app.state.wattwatch.span_energy.run_once()`` still computes on demand). Running jobs of hosts
     silent for ``settings.host_silent_after_s`` are ended by a periodic pass too
     (``app.state.silent_hosts``, a ``SilentHostScheduler``).
+
+    Identity (``collector.auth``): ``settings.token`` is a static admin token, ``local_token`` the
+    in-process agent's of ``wattwatch up``; ``auth_required`` demands a token even while none exists (a
+    collector listening beyond loopback); the database's tokens are re-read every ``token_refresh_s``.
     """
     owns_engine = engine is None
     db = make_engine(settings.resolved_db_url) if engine is None else engine
@@ -68,8 +78,13 @@ def create_app(
         settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock, span_energy=span_energy
     )
 
+    auth = Authenticator(
+        db, static_token=settings.token, local_token=local_token, required=auth_required, refresh_s=token_refresh_s
+    )
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(auth.preload)
         span_energy.start()
         silent_hosts.start()
         try:
@@ -87,33 +102,32 @@ def create_app(
         version=API_VERSION,
         description="Energy of AI workloads: agents push measured intervals; reports and /metrics read rollups.",
         lifespan=lifespan,
+        # Served below behind authentication: once tokens exist only /healthz and /readyz are open.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.wattwatch = ctx
     app.state.metrics_leader = leader
     app.state.silent_hosts = silent_hosts
-    app.include_router(build_router(ctx, _bearer_auth(settings.token)))
+    app.state.auth = auth
+    app.include_router(build_router(ctx, auth))
     _install_error_handlers(app, db)
     _document_bodies(app)
+    _serve_docs(app, auth)
     return app
 
 
-def _bearer_auth(token: str) -> Callable[[Request], None]:
-    """A dependency that requires ``Authorization: Bearer <token>`` when a token is configured."""
-    expected = f"Bearer {token}".encode()
+def _serve_docs(app: FastAPI, auth: Authenticator) -> None:
+    """/openapi.json and /docs for any authenticated caller (everyone while the collector is open)."""
 
-    def require_token(request: Request) -> None:
-        if not token:
-            return
-        given = request.headers.get("authorization", "").encode()
-        # Constant-time compare: the token is the only thing between the internet and the database.
-        if not hmac.compare_digest(given, expected):
-            raise ApiError(
-                401,
-                "missing or wrong bearer token; send `Authorization: Bearer <token>` (the collector's WATTWATCH_TOKEN)",
-                "Authorization",
-            )
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(auth)])
+    def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
-    return require_token
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(auth)])
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API")
 
 
 def _install_error_handlers(app: FastAPI, engine: Engine) -> None:

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import Engine
 
 from wattwatch import wire
+from wattwatch.collector.auth import Authenticator, Principal
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
 from wattwatch.collector.errors import ApiError
 from wattwatch.collector.metrics import IngestMetrics
@@ -99,24 +100,59 @@ def _kind(kind: str | None) -> str | None:
     return kind
 
 
-def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
+# --- identity (issue 9): who may call what ---------------------------------------------------------------
+# Reads (reports, jobs, /metrics) need a reader or admin token; writes an agent token for the host written
+# (or admin): ``Principal.require_write`` checks the host where the route knows it. While no token exists
+# the collector is open and everyone is allowed (``collector.auth``).
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {401: _ERROR, 403: _ERROR}
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="a retried post with the same key and spans is stored once",
+    ),
+]
+
+
+def _writer(request: Request) -> Principal:
+    # Module level, so the annotation below resolves; the app's Authenticator is in its state (app.py).
+    auth: Authenticator = request.app.state.auth
+    return auth.writer(request)
+
+
+Writer = Annotated[Principal, Depends(_writer)]
+
+
+def _conflict(exc: repository.AgentIdTaken | repository.KeyReused) -> ApiError:
+    if isinstance(exc, repository.AgentIdTaken):
+        return ApiError(409, str(exc), "agent_id")
+    return ApiError(409, str(exc), exc.field)
+
+
+# --- end identity ------------------------------------------------------------------------------------------
+
+
+def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
     """Every route of the collector, bound to ``ctx``; ``auth`` guards all but the health checks."""
     router = APIRouter()
-    guarded = [Depends(auth)]
+    guarded = [Depends(auth.reader)]
     s = ctx.settings
     carbon = {"grid_intensity_g_per_kwh": s.grid_intensity_g_per_kwh, "pue": s.pue}
 
     @router.post(
         "/api/v1/ingest",
-        dependencies=guarded,
         openapi_extra=_body("Batch"),
-        responses={422: _ERROR, 401: _ERROR},
+        responses={422: _ERROR, 409: _ERROR, **_AUTH_ERRORS},
         tags=["agents"],
     )
     def ingest(
-        body: RawBody, content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None
+        who: Writer, body: RawBody, content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None
     ) -> dict[str, Any]:
-        """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq)."""
+        """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq); an agent id belongs to
+        the first host that pushed it, and a key reused with other content is a 409."""
         encoding = (content_encoding or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
             ctx.ingest.errors.inc()
@@ -135,7 +171,12 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
         except ApiError:
             ctx.ingest.errors.inc()
             raise
-        result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
+        who.require_write(batch.host, "host")
+        try:
+            result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
+        except (repository.AgentIdTaken, repository.KeyReused) as exc:
+            ctx.ingest.errors.inc()
+            raise _conflict(exc) from None
         if result.duplicate:
             ctx.ingest.duplicates.inc()
         else:
@@ -143,19 +184,25 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
             ctx.ingest.intervals.inc(result.n_intervals)
         return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
 
-    @router.post("/api/v1/jobs", dependencies=guarded, openapi_extra=_body("JobStart"), tags=["jobs"])
-    def start_job(body: RawBody) -> dict[str, Any]:
+    @router.post("/api/v1/jobs", openapi_extra=_body("JobStart"), responses=_AUTH_ERRORS, tags=["jobs"])
+    def start_job(who: Writer, body: RawBody) -> dict[str, Any]:
         """Record a job as one host sees it (sent at start, and again at end if the host likes)."""
         job = _decode(body, JobStart)
+        who.require_write(job.host, "host")
         repository.upsert_job(ctx.engine, job.host, job, now_s=ctx.clock())
         return _job_or_404(ctx, job.id, carbon)
 
     @router.post(
-        "/api/v1/jobs/{job_id}/end", dependencies=guarded, openapi_extra=_body("JobEnd", required=False), tags=["jobs"]
+        "/api/v1/jobs/{job_id}/end",
+        openapi_extra=_body("JobEnd", required=False),
+        responses={404: _ERROR, **_AUTH_ERRORS},
+        tags=["jobs"],
     )
-    def end_job(job_id: JobId, body: RawBody) -> dict[str, Any]:
-        """Mark a job ended at ``ended_at_s`` (default: now)."""
+    def end_job(who: Writer, job_id: JobId, body: RawBody) -> dict[str, Any]:
+        """Mark a job ended at ``ended_at_s`` (default: now). An agent token ends only jobs its host reported."""
         end = _decode(body, JobEnd) if body.strip() else JobEnd()
+        if who.role == "agent":
+            who.require_host_of(job_id, repository.job_host_names(ctx.engine, job_id))
         try:
             repository.end_job(ctx.engine, job_id, end.ended_at_s if end.ended_at_s is not None else ctx.clock())
         except repository.UnknownJob as exc:
@@ -164,19 +211,24 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
 
     @router.post(
         "/api/v1/jobs/{job_id}/queries",
-        dependencies=guarded,
         openapi_extra=_body("QueriesIn"),
-        responses={404: _ERROR, 413: _ERROR, 422: _ERROR},
+        responses={404: _ERROR, 409: _ERROR, 413: _ERROR, 422: _ERROR, **_AUTH_ERRORS},
         tags=["jobs"],
     )
     def add_queries(
-        job_id: JobId, body: RawBody, content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None
+        who: Writer,
+        job_id: JobId,
+        body: RawBody,
+        content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Record completed spans of a job: inference queries (tokens in/out), or training steps/epochs.
 
         Built for high request rates: thousands of spans per call (JSON, optionally gzip). The whole
         body is validated first, so a 422 (naming the field) stores nothing. Energy per span follows
-        from the collector's next span-energy pass, as for spans in agent batches.
+        from the collector's next span-energy pass, as for spans in agent batches. With an
+        ``Idempotency-Key`` header a retried post is stored once (``duplicate``: true); an agent token
+        posts as its own host, for jobs its host reported.
         """
         encoding = (content_encoding or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
@@ -196,13 +248,22 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
             if q.job is not None and q.job != job_id:
                 raise ApiError(422, f"job {q.job!r} differs from the job in the path, {job_id!r}", f"queries[{i}].job")
             items.append(wire.Query(job_id, q.t_start_s, q.t_end_s, q.tokens_in, q.tokens_out, q.kind))
+        host = who.require_write(posted.host, "host")
+        if who.role == "agent":
+            who.require_host_of(job_id, repository.job_host_names(ctx.engine, job_id))
         try:
-            n = repository.add_queries(ctx.engine, job_id, items, host=posted.host)
+            n = repository.add_queries(
+                ctx.engine, job_id, items, host=host, idempotency_key=idempotency_key, now_s=ctx.clock()
+            )
         except repository.UnknownJob as exc:
             raise ApiError(404, str(exc), "job_id") from None
-        return {"accepted": n}
+        except repository.KeyReused as exc:
+            raise _conflict(exc) from None
+        if idempotency_key is None:
+            return {"accepted": n}
+        return {"accepted": n, "duplicate": bool(items) and n == 0}
 
-    @router.get("/api/v1/jobs", dependencies=guarded, tags=["jobs"])
+    @router.get("/api/v1/jobs", dependencies=guarded, responses=_AUTH_ERRORS, tags=["jobs"])
     def list_jobs(
         kind: str | None = None,
         since: Annotated[str | None, Query(description="e.g. 7d, 12h, 90s")] = None,
@@ -214,12 +275,12 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
         )
         return {"jobs": jobs}
 
-    @router.get("/api/v1/jobs/{job_id}", dependencies=guarded, responses={404: _ERROR}, tags=["jobs"])
+    @router.get("/api/v1/jobs/{job_id}", dependencies=guarded, responses={404: _ERROR, **_AUTH_ERRORS}, tags=["jobs"])
     def get_job(job_id: JobId) -> dict[str, Any]:
         """One job's report entry."""
         return _job_or_404(ctx, job_id, carbon)
 
-    @router.get("/api/v1/report", dependencies=guarded, tags=["reports"])
+    @router.get("/api/v1/report", dependencies=guarded, responses=_AUTH_ERRORS, tags=["reports"])
     def report(
         since: Annotated[str | None, Query(description="e.g. 7d, 12h, 90s")] = None,
         job: str | None = None,
@@ -235,7 +296,7 @@ def build_router(ctx: Context, auth: Callable[[Request], None]) -> APIRouter:
             **carbon,
         )
 
-    @router.get("/metrics", dependencies=guarded, tags=["operations"])
+    @router.get("/metrics", dependencies=guarded, responses=_AUTH_ERRORS, tags=["operations"])
     def metrics() -> Response:
         """Prometheus text exposition of ingest counters and job, idle and host energy."""
         return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)

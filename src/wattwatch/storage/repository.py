@@ -6,6 +6,7 @@ re-exported. Every write is one transaction, so a batch is either stored whole o
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from wattwatch import wire
 from wattwatch.accounting.rollup import IntervalIn, JobHostTotals, rollup_intervals
 from wattwatch.storage.dialect import append_rows, append_token, greatest, least, upsert
 from wattwatch.storage.engine import WRITE_TX
+from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_agent_id, claim_batch, claim_span_post
 from wattwatch.storage.reads import (
     DEFAULT_LIST_LIMIT,
     MetricsSnapshot,
@@ -32,7 +34,6 @@ from wattwatch.storage.tables import (
     energy_intervals,
     hosts,
     idle_energy,
-    ingested_batches,
     job_device_energy,
     job_hosts,
     jobs,
@@ -40,7 +41,9 @@ from wattwatch.storage.tables import (
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",
+    "AgentIdTaken",
     "IngestResult",
+    "KeyReused",
     "MetricsSnapshot",
     "UnknownJob",
     "add_queries",
@@ -48,6 +51,7 @@ __all__ = [
     "end_job",
     "get_job",
     "ingest_batch",
+    "job_host_names",
     "list_jobs",
     "metrics_snapshot",
     "upsert_job",
@@ -85,23 +89,16 @@ def _write(engine: Engine) -> Iterator[Connection]:
 def ingest_batch(engine: Engine, batch: wire.Batch, *, received_at_s: float) -> IngestResult:
     """Store one agent batch and add its attributed energy to the rollups, in one transaction.
 
-    The ``(agent_id, seq)`` key is inserted first: if it exists, the batch was stored before and
-    nothing else is written (``duplicate=True``), which makes agent retries and collector replicas safe.
+    The ``(agent_id, seq)`` key is inserted first (``storage.idempotency``): if it exists with the same
+    content, the batch was stored before and nothing else is written (``duplicate=True``), which makes
+    agent retries and collector replicas safe. An agent id another host pushed first raises AgentIdTaken,
+    a key stored with other content KeyReused; either way nothing is stored.
     """
+    # The hash of the decoded batch, re-encoded: the same batch hashes the same however it was sent.
+    body_sha256 = hashlib.sha256(wire.encode(batch)).hexdigest()
     with _write(engine) as conn:
-        stored = conn.execute(
-            upsert(conn, ingested_batches)
-            .values(
-                agent_id=batch.agent_id,
-                seq=batch.seq,
-                received_at_s=received_at_s,
-                n_intervals=len(batch.intervals),
-            )
-            .on_conflict_do_nothing()
-            # RETURNING, not rowcount: psycopg reports -1 for a skipped conflict.
-            .returning(ingested_batches.c.seq)
-        )
-        if stored.first() is None:
+        claim_agent_id(conn, batch.agent_id, batch.host, received_at_s)
+        if not claim_batch(conn, batch.agent_id, batch.seq, body_sha256, received_at_s, len(batch.intervals)):
             return IngestResult(duplicate=True, n_intervals=0)
 
         host_id = _upsert_host(conn, batch.host, batch.agent_id, received_at_s)
@@ -187,8 +184,18 @@ def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
             raise UnknownJob(job_id)
 
 
-def add_queries(engine: Engine, job_id: str, queries: Sequence[wire.Query], *, host: str | None = None) -> int:
-    """Record completed spans (queries, steps, epochs) of ``job_id``; returns how many. Raises UnknownJob.
+def add_queries(
+    engine: Engine,
+    job_id: str,
+    queries: Sequence[wire.Query],
+    *,
+    host: str | None = None,
+    idempotency_key: str | None = None,
+    now_s: float | None = None,
+) -> int:
+    """Record completed spans (queries, steps, epochs) of ``job_id``; returns how many (0 for a retried
+    ``idempotency_key``: those spans were stored before). Raises UnknownJob, and KeyReused for a key used
+    before with other spans.
 
     Every span's ``job`` must be ``job_id`` (ValueError otherwise): the caller addressed one job.
     Their energies follow from the next span-energy pass, exactly as for spans in agent batches.
@@ -199,11 +206,27 @@ def add_queries(engine: Engine, job_id: str, queries: Sequence[wire.Query], *, h
     with _write(engine) as conn:
         if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
             raise UnknownJob(job_id)
+        if idempotency_key is not None:
+            body_sha256 = hashlib.sha256(wire.encode(list(queries))).hexdigest()
+            seen_s = time.time() if now_s is None else now_s
+            if not claim_span_post(conn, job_id, host, idempotency_key, body_sha256, len(queries), seen_s):
+                return 0
         host_id = None
         if host:
             host_id = conn.execute(select(hosts.c.id).where(hosts.c.name == host)).scalar()
         record_spans(conn, host_id, queries)
     return len(queries)
+
+
+def job_host_names(engine: Engine, job_id: str) -> set[str] | None:
+    """The hosts that reported ``job_id`` (None when there is no such job): who may end it or add spans."""
+    with engine.connect() as conn:
+        if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+            return None
+        rows = conn.execute(
+            select(hosts.c.name).select_from(job_hosts.join(hosts)).where(job_hosts.c.job_id == job_id)
+        ).scalars()
+        return set(rows)
 
 
 # --- pieces of a write transaction -------------------------------------------------------------------

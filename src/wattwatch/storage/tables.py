@@ -248,10 +248,58 @@ ingested_batches = Table(
     Column("seq", BigInteger, primary_key=True),
     Column("received_at_s", Float, nullable=False),
     Column("n_intervals", Integer, nullable=False),
+    # SHA-256 (hex) of the batch as stored: the same key with other content is a conflict, not a duplicate.
+    # NULL for batches stored before revision 0006 (taken as duplicates).
+    Column("body_sha256", String(64), nullable=True),
+)
+
+# --- identity (storage.idempotency, storage.tokens) ---------------------------------------------------
+
+# Which host an agent id belongs to: the first host that pushed it. Another host presenting the same id
+# (a cloned spool) is refused, so the (agent_id, seq) keys of ingested_batches are one host's alone.
+agents = Table(
+    "agents",
+    metadata,
+    Column("agent_id", String(200), primary_key=True),
+    Column("host", String(200), nullable=False),
+    Column("first_seen_s", Float, nullable=False),
+)
+
+# Idempotency keys of span posts (POST /api/v1/jobs/{id}/queries, header Idempotency-Key), per job and
+# posting host ("" when no host is known), with the hash of what was stored under the key.
+span_posts = Table(
+    "span_posts",
+    metadata,
+    Column("job_id", String(200), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("host", String(200), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("body_sha256", String(64), nullable=False),
+    Column("n_spans", Integer, nullable=False),
+    Column("received_at_s", Float, nullable=False),
+)
+
+# Bearer tokens of the collector's API, stored as SHA-256 of the token (storage.tokens says why that is
+# enough). ``prefix`` is the token's first characters: shown in lists, and how a presented token finds
+# its row. role: admin | agent | reader; ``host`` is an agent token's host (NULL otherwise).
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("prefix", String(16), nullable=False),
+    Column("sha256", String(64), nullable=False, unique=True),
+    Column("role", String(8), nullable=False),
+    Column("host", String(200), nullable=True),
+    Column("created_at_s", Float, nullable=False),
+    Column("last_used_s", Float, nullable=True),
+    Column("revoked_at_s", Float, nullable=True),
+    Index(None, "prefix"),
 )
 
 # Children first: the order to empty tables in.
 DATA_TABLES = (
+    "api_tokens",
+    "agents",
+    "span_posts",
     "span_waiting",
     "span_stats",
     "span_dirty",

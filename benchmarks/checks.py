@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -67,7 +67,8 @@ class Check:
     """One row: a figure and its truth per run, and how to show them."""
 
     label: str
-    unit: Callable[[float], str]
+    digits: int  # decimals of the figure and its truth
+    unit: str  # after the figure: " J", "%"
     points: bool = False  # the error is a difference in percentage points, not a relative error
     measured: list[float] = field(default_factory=list)
     exact: list[float] = field(default_factory=list)
@@ -81,21 +82,21 @@ class Check:
 
     def cells(self) -> list[str]:
         """Exact, measured and error, each min to max over runs."""
+        pairs = list(zip(self.measured, self.exact, strict=True))
         if self.points:
-            errors = [f"{100 * (m - x):+.2f} points" for m, x in zip(self.measured, self.exact, strict=True)]
-            key = [m - x for m, x in zip(self.measured, self.exact, strict=True)]
+            error = spread([f"{100 * (m - x):+.2f}" for m, x in sorted(pairs, key=lambda p: p[0] - p[1])], " points")
         else:
-            key = [m / x - 1 for m, x in zip(self.measured, self.exact, strict=True)]
-            errors = [f"{e:+.3%}" for e in key]
-        lo, hi = errors[key.index(min(key))], errors[key.index(max(key))]
-        exact = spread([self.unit(x) for x in sorted(self.exact)])
-        measured = spread([self.unit(m) for m in sorted(self.measured)])
-        return [exact, measured, lo if lo == hi else f"{lo} to {hi}"]
+            error = spread([f"{m / x - 1:+.3%}" for m, x in sorted(pairs, key=lambda p: p[0] / p[1])], "")
+        scale = 100 if self.unit == "%" else 1
+        exact = spread([f"{scale * x:.{self.digits}f}" for x in sorted(self.exact)], self.unit)
+        measured = spread([f"{scale * m:.{self.digits}f}" for m in sorted(self.measured)], self.unit)
+        return [exact, measured, error]
 
 
-def spread(shown: list[str]) -> str:
-    """``first to last`` of values already sorted and formatted; one value when they read the same."""
-    return shown[0] if shown[0] == shown[-1] else f"{shown[0]} to {shown[-1]}"
+def spread(shown: list[str], unit: str) -> str:
+    """``first to last`` of values already sorted and formatted, then the unit; one value when they read the
+    same."""
+    return (shown[0] if shown[0] == shown[-1] else f"{shown[0]} to {shown[-1]}") + unit
 
 
 # -- 1. two jobs time-sharing one GPU -----------------------------------------------------------------
@@ -389,11 +390,6 @@ def scrape_once(tmp: Path) -> tuple[float, float]:
 # -- running and printing ---------------------------------------------------------------------------------
 
 
-def joules(x: float) -> str:
-    """Joules to one decimal."""
-    return f"{x:.1f} J"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks ``--runs`` times and print the table under the command that produced it."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -403,13 +399,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if args.runs < 1 or args.train_s <= 0:
         ap.error("--runs must be at least 1 and --train-s positive")
-    share = Check("two jobs time-sharing one GPU: one job's share of the shared energy", lambda x: f"{x:.2%}", True)
+    share = Check("two jobs time-sharing one GPU: one job's share of the shared energy", 2, "%", points=True)
     hosts = {
-        "node-a": Check("one run on two hosts (two agents, one collector): node-a", joules),
-        "node-b": Check("node-b", joules),
-        "run": Check("the run: one job, both hosts", joules),
+        "node-a": Check("one run on two hosts (two agents, one collector): node-a", 1, " J"),
+        "node-b": Check("node-b", 1, " J"),
+        "run": Check("the run: one job, both hosts", 1, " J"),
     }
-    vllm = Check(f"a vLLM server's scraped counters ({SCRAPES * PER_SCRAPE} queries)", lambda x: f"{x:.2f} J/query")
+    vllm = Check(f"a vLLM server's scraped counters ({SCRAPES * PER_SCRAPE} queries)", 2, " J/query")
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp_dir:
         for k in range(args.runs):

@@ -2,19 +2,20 @@
 against a baseline measured in the same process: an empty ``with`` of a trivial context manager (a
 ``contextlib.contextmanager`` generator that only yields, the machinery the SDK's spans are built on).
 
-Each case runs in a fresh interpreter (the SDK keeps one client per process) inside a job of the span's
-kind (``wattwatch.job(..., kind="inference")`` for queries, ``"training"`` for steps):
+Each column runs in a fresh interpreter (the SDK keeps one client per process), inside one
+``wattwatch.job(..., kind="inference")``:
 
 - agent socket present: a real ``wattwatch up --simulate 1`` (SQLite, temporary home) runs meanwhile and
   the SDK's sender thread hands the spans to it (the count it handed over is checked);
 - agent socket absent: the home has no socket; the SDK warns once and keeps spans in its bounded buffer.
 
-Timing: ``--repeats`` loops of ``--spans`` back-to-back spans per case, the baseline's loop interleaved
-with the SDK's so both see the same machine; per-span time is a loop's wall time (``perf_counter_ns``)
-over its spans; the table gives the median over loops. The SDK's sender thread shares the interpreter, so
-whatever it does while a loop runs (encoding and sending spans) is in that loop's time.
+Timing: ``--repeats`` rounds of one loop of ``--spans`` back-to-back spans per case (baseline, query,
+step, in turn, so every case sees the same machine); per-span time is a loop's wall time
+(``perf_counter_ns``) over its spans; the table gives the median over rounds. The SDK's sender thread
+shares the interpreter, so whatever it does while a loop runs (encoding and sending spans) is in that
+loop's time.
 
-Run: ``python benchmarks/sdk_overhead.py [--spans 20000] [--repeats 7]`` (about 20 s at the defaults on a
+Run: ``python benchmarks/sdk_overhead.py [--spans 10000] [--repeats 15]`` (about 20 s at the defaults on a
 2-core machine).
 """
 
@@ -38,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mdtable import command, paragraph, table
 from realprocs import BenchError, clean_env, running_up
 
-SPAN_KINDS = {"query": "inference", "step": "training"}
+JOB_KIND = "inference"  # an inference job sending spans also runs the agent's fine tick: its busiest case
+WARM_UP = 1000
 
 
 @contextlib.contextmanager
@@ -62,25 +64,24 @@ def worker(spans: int, repeats: int) -> dict[str, Any]:
     from wattwatch import sdk
 
     makers: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
+        "baseline": trivial,
         "query": wattwatch.query,
         "step": wattwatch.step,
     }
-    result: dict[str, Any] = {"baseline": []}
-    for kind, job_kind in SPAN_KINDS.items():
-        result[kind] = []
-        with wattwatch.job(f"sdk-overhead-{kind}", kind=job_kind):
-            loop_ns(makers[kind], 1000)  # warm-up: the sender thread starts with the first span
-            for _ in range(repeats):
+    result: dict[str, Any] = {key: [] for key in makers}
+    with wattwatch.job("sdk-overhead", kind=JOB_KIND):
+        for make in makers.values():
+            loop_ns(make, WARM_UP)  # the sender thread starts with the first span
+        for _ in range(repeats):
+            for key, make in makers.items():  # round robin: every case sees the same machine
                 gc.collect()
-                result["baseline"].append(loop_ns(trivial, spans))
-                gc.collect()
-                result[kind].append(loop_ns(makers[kind], spans))
-    # Read back how many spans the sender handed to the agent's socket (private counters; a check only).
+                result[key].append(loop_ns(make, spans))
+    # How many spans the sender handed to the agent's socket (the SDK's private counters; a check only).
     client = sdk._client
     buffer = client._spans if client is not None else None
     if buffer is not None:
         buffer.flush(timeout_s=60)
-    result["recorded"] = (repeats * spans + 1000) * len(SPAN_KINDS)
+    result["recorded"] = (repeats * spans + WARM_UP) * (len(makers) - 1)
     result["sent"] = buffer.sent if buffer is not None else 0
     return result
 
@@ -108,8 +109,8 @@ def us(ns: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Time the spans with the agent's socket present and absent; print the table under its command."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--spans", type=int, default=20_000, help="spans per timed loop")
-    ap.add_argument("--repeats", type=int, default=7, help="timed loops per case (the table gives the median)")
+    ap.add_argument("--spans", type=int, default=10_000, help="spans per timed loop")
+    ap.add_argument("--repeats", type=int, default=15, help="rounds of timed loops (the table gives the median)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.spans < 1 or args.repeats < 1:
@@ -146,11 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         paragraph(
             f"**SDK cost per span on the workload's thread** (median of {args.repeats} loops of {args.spans:,}"
-            " back-to-back empty spans, one process per column, inside a job), against a baseline timed in the"
-            " same process, interleaved: an empty `with` of a trivial context manager. With the agent's socket"
-            f" present (a real `wattwatch up`), the SDK's sender thread handed all {present['recorded']:,} spans"
-            " to it, and its work while a loop ran is in that loop's time; with no socket the SDK warned once"
-            " and buffered:"
+            " back-to-back empty spans, one process per column, inside an inference job), against a baseline timed"
+            " in turn with them in the same process: an empty `with` of a trivial context manager. With the"
+            " agent's socket present (a real `wattwatch up`), the SDK's sender thread handed all"
+            f" {present['recorded']:,} spans to it, and its work while a loop ran is in that loop's time; with no"
+            " socket the SDK warned once and buffered:"
         )
     )
     header = ("span", "socket present", "÷ baseline", "no agent socket", "÷ baseline")

@@ -102,6 +102,14 @@ class ProcessTracker:
 
     # -- per tick -------------------------------------------------------------------------------------
 
+    def _running_pids(self, key: str) -> set[int]:
+        """NVML's processes on GPU ``key``; none when the list cannot be read (that GPU is skipped this time)."""
+        try:
+            return self._gpu.running_pids(key)
+        except SensorError as exc:
+            log.debug("no process list for %s: %s", key, exc)
+            return set()
+
     def tick(self, t_s: float) -> list[wire.Job]:
         """Look at the GPUs' processes now; returns the job records that changed (started, rebound, ended)."""
         explicit_jobs = {j.id: j for j in self.registry.snapshot() if j.explicit}
@@ -113,12 +121,7 @@ class ProcessTracker:
         binds: dict[str, set[str]] = {}
         found: dict[str, _Found] = {}
         for key in self._gpu_keys:
-            try:
-                pids = self._gpu.running_pids(key)
-            except SensorError as exc:
-                log.debug("no process list for %s: %s", key, exc)
-                continue
-            for pid in pids:
+            for pid in self._running_pids(key):
                 known = self._lookup(pid)
                 if known is None:
                     continue
@@ -210,12 +213,7 @@ class ProcessTracker:
         explicit_roots = {pid for j in self.registry.snapshot() if j.explicit for pid in j.pids}
         keys_of: dict[int, set[str]] = {}
         for key in sorted(job.held_devices):
-            try:
-                pids = self._gpu.running_pids(key)
-            except SensorError as exc:
-                log.debug("no process list for %s: %s", key, exc)
-                continue
-            for pid in pids:
+            for pid in self._running_pids(key):
                 known = self._peek(pid)
                 # The nearest root decides: a process still inside another explicit job stays that job's.
                 nearest = next((p for p in known.lineage if p in roots or p in explicit_roots), None) if known else None

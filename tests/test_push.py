@@ -12,6 +12,7 @@ import pytest
 
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
+from wattwatch.sim.clock import FakeClock
 
 
 class Scripted:
@@ -47,13 +48,6 @@ def server() -> Iterator[tuple[str, Scripted]]:
     httpd.server_close()
 
 
-class Clock:
-    t_s = 0.0
-
-    def __call__(self) -> float:
-        return self.t_s
-
-
 def fill(spool: Spool, n: int) -> list[int]:
     seqs = []
     for _ in range(n):
@@ -78,7 +72,7 @@ def test_server_errors_keep_batches_and_back_off(server: tuple[str, Scripted], t
     url, script = server
     spool = Spool(tmp_path / "s.db")
     fill(spool, 2)
-    clock = Clock()
+    clock = FakeClock(0.0)
     pusher = Pusher(spool, url, clock=clock)
     script.statuses = [503]
     assert pusher.push_pending() is False

@@ -129,6 +129,43 @@ def integrate_w(samples: list[tuple[float, float]], a_s: float, b_s: float) -> f
 
 
 @dataclass
+class PowerWatch:
+    """Tells a live power reading from one held between counter refreshes, from consecutive polls.
+
+    Each poll reads the counter, then the power. A power change between polls k-1 and k happened
+    after counter read k-1 and before counter read k+1: if those two read the same value, no refresh
+    came in between, so the reading changed on its own (live). A change at a poll whose counter moved
+    is what a held reading does (a live one may too, by chance: live wins). With NVML calls that take
+    time, a refresh can fall between a poll's counter read and its power read, so comparing a
+    poll's counter with the previous one only would call a held reading live.
+    """
+
+    polls: list[tuple[int, float]] = field(default_factory=list)  # (raw_mj, power_w), the last three
+
+    def poll(self, raw_mj: int, power_w: float) -> str | None:
+        """Take one poll; "live", "held" or None (nothing learned yet)."""
+        self.polls = [*self.polls[-2:], (raw_mj, power_w)]
+        verdict = None
+        if len(self.polls) >= 2:
+            (c1, p1), (c2, p2) = self.polls[-2:]
+            if p2 != p1 and c2 != c1:
+                verdict = "held"
+        if len(self.polls) == 3:
+            (c0, p0), (c1, p1), (c2, _) = self.polls
+            if p1 != p0:
+                verdict = "live" if c2 == c0 else verdict or "held"
+        return verdict
+
+
+def learn_power(dev: GpuDevice, verdict: str | None) -> None:
+    """Record a PowerWatch verdict on ``dev``: one live sighting settles it; held holds until then."""
+    if verdict == "live":
+        dev.instant_live = True
+    elif verdict == "held" and not dev.instant_live:
+        dev.instant_held = True
+
+
+@dataclass
 class _Probe:
     """One device's state while a boundary read polls it."""
 
@@ -136,6 +173,7 @@ class _Probe:
     run: int
     last: CounterRead | None = None
     boundary: BoundaryProbe = field(default_factory=BoundaryProbe)
+    power: PowerWatch = field(default_factory=PowerWatch)
 
 
 class CounterPoller:
@@ -189,8 +227,8 @@ class CounterPoller:
         limits = {d.key: d.timing.poll_limit_s() if limit_s is None else limit_s for d in devs}
         runs = {d.key: d.timing.new_run() for d in devs}
         seen: dict[str, list[Change]] = {d.key: [] for d in devs}
-        last: dict[str, tuple[CounterRead, float | None]] = {}
-        held_hint: set[str] = set()
+        last: dict[str, CounterRead] = {}
+        watches = {d.key: PowerWatch() for d in devs}
         if limit_s is None:
             for dev in devs:
                 dev.timing.tried_s = start_s
@@ -205,19 +243,15 @@ class CounterPoller:
                     self.fail(dev, exc)
                     del pending[key]
                     continue
+                if power_w is not None:
+                    learn_power(dev, watches[key].poll(read.raw_mj, power_w))
                 before = last.get(key)
-                last[key] = (read, power_w)
+                last[key] = read
                 if before is None:
                     continue
                 # Only a rise is a refresh: a counter that went down was reset, at no refresh instant.
-                moved = read.raw_mj > before[0].raw_mj
-                if power_w is not None and power_w != before[1]:
-                    if moved:
-                        held_hint.add(key)
-                    else:
-                        dev.instant_live = True
-                if moved:
-                    change = Change.between(before[0], read)
+                if read.raw_mj > before.raw_mj:
+                    change = Change.between(before, read)
                     if dev.timing.add(change, runs[key]):
                         seen[key].append(change)
                     if dev.timing.calibrated(seen[key]):
@@ -233,8 +267,6 @@ class CounterPoller:
             self._pause()
         elapsed_s = clock() - start_s
         for dev in devs:
-            if dev.key in held_hint and not dev.instant_live:
-                dev.instant_held = True
             if limit_s is None:
                 dev.timing.tried_ok = bool(seen[dev.key])
             if not seen[dev.key]:
@@ -290,13 +322,11 @@ class CounterPoller:
         power_w, power_t_s = self.reads.timed_power_w(dev)
         last, probe.last = probe.last, read
         moved = last is not None and read.raw_mj > last.raw_mj  # a drop is a reset, not a refresh
-        samples = probe.boundary.samples
-        if samples and power_w != samples[-1][1]:
-            if moved:
-                probe.boundary.changed_with_counter = True
-            else:
-                dev.instant_live = True
-        samples.append((power_t_s, power_w))
+        verdict = probe.power.poll(read.raw_mj, power_w)
+        if verdict == "held":
+            probe.boundary.changed_with_counter = True
+        learn_power(dev, verdict)
+        probe.boundary.samples.append((power_t_s, power_w))
         if probe.boundary.first_j is None:
             probe.boundary.first_j, probe.boundary.first_t_s = dev.cumulative_j, read.start_s
         if not moved:
@@ -309,7 +339,5 @@ class CounterPoller:
     def _pin(self, probe: _Probe, t_s: float, t_u: float) -> tuple[float, tuple[str, ...]]:
         """E(t_s) from the counter update at ``t_u`` and the power sampled while polling."""
         dev = probe.dev
-        if probe.boundary.changed_with_counter and not dev.instant_live:
-            dev.instant_held = True
         held = not dev.instant_live and dev.instant_held
         return pin_boundary(probe.boundary, dev.cumulative_j, t_s, t_u, held, dev.timing.period_s, self.poll_interval_s)

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # Integrator pace for GPUs without an energy counter (see NvmlSensor).
 POWER_SAMPLE_INTERVAL_S = 0.01
+# How far back learn_process_samples asks NVML for per-process samples (its buffer is finite anyway).
+PROCESS_LOOKBACK_S = 30.0
 
 
 def jittered_interval_s(mean_s: float, rng: random.Random) -> float:
@@ -442,6 +444,11 @@ class NvmlSensor:
             dev.process_samples.add(s.stamp_s for s in samples)
             period_s = dev.process_samples.period_s
         return mean_utilization(samples, since_s, now_s if until_s is None else until_s, now_s, period_s)
+
+    def learn_process_samples(self, key: str, lookback_s: float = PROCESS_LOOKBACK_S) -> None:
+        """Learn GPU ``key``'s per-process sample period from what NVML's buffer holds (for ``doctor``,
+        which has not watched the GPU for long); nothing to learn when no process was busy."""
+        self.process_utilization(key, self._clock() - lookback_s)
 
     # -- shutdown -----------------------------------------------------------------------------------
 

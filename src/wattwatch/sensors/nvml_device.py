@@ -40,6 +40,7 @@ class GpuTiming:
     """What the sensor has learned about one GPU's timing (for ``wattwatch doctor``); None: not learned."""
 
     key: str
+    energy_counter: bool
     refresh_period_s: float | None
     refresh_period_err_s: float | None  # worst-case error of refresh_period_s
     refreshes_seen: int  # counter refreshes bracketed by polling so far
@@ -49,7 +50,7 @@ class GpuTiming:
     instant_power: str  # "live", "held" (refreshes with the counter), "unknown" or "none"
     process_sample_period_s: float | None
     process_stamps_seen: int
-    call_latency_s: tuple[float, float, int] | None  # median, p95, calls (counter reads)
+    call_latency_s: tuple[float, float, int] | None  # median, p95, calls (counter and power reads)
 
 
 class Latency:
@@ -119,6 +120,7 @@ class GpuDevice:
             instant = "live" if self.instant_live else "held" if self.instant_held else "unknown"
         return GpuTiming(
             key=self.key,
+            energy_counter=self.has_counter,
             refresh_period_s=t.period_s,
             refresh_period_err_s=None if fit is None else fit.period_err_s,
             refreshes_seen=t.refreshes_seen,
@@ -155,16 +157,21 @@ class NvmlReads:
     def instant_power_w(self, dev: GpuDevice) -> float:
         """``NVML_FI_DEV_POWER_INSTANT`` in W."""
         nvml = self.nvml
+        start_s = self.clock()
         with nvml_errors(nvml, f"reading {dev.key}'s instant power"):
             value = nvml.nvmlDeviceGetFieldValues(dev.handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        dev.latency.add(self.clock() - start_s)
         if value.nvmlReturn != nvml.NVML_SUCCESS:
             raise translate_nvml_error(nvml, nvml.NVMLError(value.nvmlReturn), f"reading {dev.key}'s instant power")
         return mw_to_w(value.value.uiVal)
 
     def average_power_w(self, dev: GpuDevice) -> float:
         """``nvmlDeviceGetPowerUsage`` in W (an average over the board's window)."""
+        start_s = self.clock()
         with nvml_errors(self.nvml, f"reading {dev.key}'s power"):
-            return mw_to_w(self.nvml.nvmlDeviceGetPowerUsage(dev.handle))
+            power_mw = self.nvml.nvmlDeviceGetPowerUsage(dev.handle)
+        dev.latency.add(self.clock() - start_s)
+        return mw_to_w(power_mw)
 
     def power_w(self, dev: GpuDevice) -> float:
         """Instant power when the GPU offers it, else the average."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -287,3 +289,21 @@ def test_the_process_sample_period_is_learned_from_nvml_timestamps(
     timing = sensor.timing()["gpu0"]
     assert timing.process_sample_period_s == pytest.approx(sample_period_s, rel=1e-3)
     assert shares[10] == pytest.approx(80.0, abs=0.5) and shares[11] == pytest.approx(20.0, abs=0.5)
+
+
+def test_the_timing_sweep_benchmark_prints_what_the_sensor_learned(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import timing_sweep  # lives in benchmarks/, importable once the path above is set
+
+    assert timing_sweep.main(["--jobs", "2", "--periods-ms", "20,200"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("`python benchmarks/timing_sweep.py --jobs 2 --periods-ms 20,200`")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| h100")]
+    assert len(rows) == 8  # two boards x two periods x two call latencies
+    for board_name, refresh, _latency, learned, mean, worst, long in rows:
+        assert board_name in ("h100", "h100-parttime")
+        assert float(learned.removesuffix(" ms")) == pytest.approx(float(refresh.removesuffix(" ms")), rel=0.01)
+        assert all(abs(float(cell.removesuffix(" %"))) < 5.0 for cell in (mean, worst, long))
+    with pytest.raises(SystemExit) as exit_info:
+        timing_sweep.main(["--periods-ms", "fast"])
+    assert exit_info.value.code == 2 and "--periods-ms" in capsys.readouterr().err

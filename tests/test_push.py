@@ -149,7 +149,8 @@ def test_a_refused_batch_is_set_aside_at_once_with_its_reason_and_the_rest_flows
         and batch.reason["collector"] == url + "/api/v1/ingest"
     )
     (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert "batch 1" in error and "HTTP 422 on intervals[0].energy_j" in error and "wattwatch spool requeue 1" in error
+    assert "batch 1 set aside (rejected): the collector refused it for good" in error
+    assert "HTTP 422 on intervals[0].energy_j: scripted 422" in error and "`wattwatch spool requeue 1`" in error
 
 
 def test_a_batch_failing_while_later_ones_land_is_set_aside_after_n_strikes(
@@ -180,7 +181,7 @@ def test_a_batch_failing_while_later_ones_land_is_set_aside_after_n_strikes(
     assert batch.reason["attempts"] == 4  # three strikes and the lone failure
     assert pusher.stats.set_aside["repeated_failure"] == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "repeated_failure" in errors[0] and "HTTP 500" in errors[0]
+    assert len(errors) == 1 and "batch 1 set aside (repeated_failure)" in errors[0] and "HTTP 500" in errors[0]
 
 
 def test_an_outage_of_the_collector_sets_nothing_aside(server: tuple[str, Scripted], tmp_path: Path) -> None:

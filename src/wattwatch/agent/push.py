@@ -50,6 +50,11 @@ _AFTER_SEND = (*_AFTER_SEND_RESET, httpx.ReadTimeout, httpx.WriteTimeout)
 # that lands, few enough that a collector failing everything costs little before backing off.
 _PROBE_LIMIT = 8
 _LOUD_EVERY_S = 60.0
+_WHY = {
+    REJECTED: "the collector refused it for good",
+    KEY_CONFLICT: "the collector holds its key with other content (two agents on one spool?)",
+    REPEATED_FAILURE: "it kept failing while later batches landed",
+}
 
 
 def _set_aside_counts() -> dict[str, int]:
@@ -214,10 +219,11 @@ class Pusher:
         self.stats.refused += 1
         self.stats.set_aside[reason] += 1
         log.error(
-            "collector refused batch %d for good (%s: %s); set aside in %s, not deleted: fix the cause, then "
+            "batch %d set aside (%s): %s (%s); kept in %s, not deleted: fix the cause, then "
             "`wattwatch spool requeue %d` (see `wattwatch doctor`)",
             seq,
             reason,
+            _WHY[reason],
             describe(record),
             self.spool.path,
             seq,

@@ -187,7 +187,7 @@ class Pusher:
                 loud="token",
             )
         elif status == 409 and field == "agent_id":
-            self._fail(f"collector refused this agent id (HTTP 409): {error}", loud="agent_id", seq=seq)
+            self._fail(f"collector refused batch {seq}: {error}", loud="agent_id")
         elif status == 429:
             self._fail(f"collector asked us to slow down (HTTP 429: {error})", retry_after=retry_after)
         elif status in (404, 405, 410, 415):
@@ -241,7 +241,6 @@ class Pusher:
         message: str,
         *,
         loud: str = "",
-        seq: int | None = None,
         retry_after: str | None = None,
         counted: bool = False,
     ) -> None:
@@ -253,8 +252,7 @@ class Pusher:
         if loud:
             if now - self._loud_at.get(loud, float("-inf")) >= _LOUD_EVERY_S:
                 self._loud_at[loud] = now
-                where = f"batch {seq}: " if seq is not None else ""
-                log.error("%s%s; batches stay spooled in %s", where, message, self.spool.path)
+                log.error("%s; batches stay spooled in %s", message, self.spool.path)
         elif message != self.stats.last_error:
             log.warning("%s; batches stay spooled and will be retried", message)
         self.stats.last_error = message

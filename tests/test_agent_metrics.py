@@ -28,7 +28,7 @@ from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.nvml import NvmlSensor, resolve_visible
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.standalone import Collector
 
 AGENT_FAMILIES = {

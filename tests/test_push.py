@@ -23,6 +23,7 @@ from wattwatch.agent.poison import (
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
 from wattwatch.errors import ConfigError
+from wattwatch.sim.clock import FakeClock
 
 DROP = -1  # answer nothing: close the connection once the request was read (a reset after sending)
 
@@ -76,13 +77,6 @@ def server() -> Iterator[tuple[str, Scripted]]:
     httpd.server_close()
 
 
-class Clock:
-    t_s = 0.0
-
-    def __call__(self) -> float:
-        return self.t_s
-
-
 def fill(spool: Spool, n: int) -> list[int]:
     seqs = []
     for _ in range(n):
@@ -111,7 +105,7 @@ def test_server_errors_on_every_batch_keep_them_all_and_back_off(server: tuple[s
     url, script = server
     spool = Spool(tmp_path / "s.db")
     fill(spool, 2)
-    clock = Clock()
+    clock = FakeClock(0.0)
     pusher = Pusher(spool, url, clock=clock)
     script.answer = lambda seq: 503
     assert pusher.push_pending() is False
@@ -160,7 +154,7 @@ def test_a_batch_failing_while_later_ones_land_is_set_aside_after_n_strikes(
     spool = Spool(tmp_path / "s.db")
     fill(spool, 3)
     script.answer = lambda seq: 500 if seq == 1 else 200
-    clock = Clock()
+    clock = FakeClock(0.0)
     pusher = Pusher(spool, url, clock=clock, poison_after=3)
     with caplog.at_level(logging.WARNING, logger="wattwatch.agent.push"):
         assert pusher.push_pending() is True  # 1 failed, 2 landed after it: strike 1; the rest flowed
@@ -189,7 +183,7 @@ def test_an_outage_of_the_collector_sets_nothing_aside(server: tuple[str, Script
     spool = Spool(tmp_path / "s.db")
     fill(spool, 20)
     script.answer = lambda seq: 503
-    clock = Clock()
+    clock = FakeClock(0.0)
     pusher = Pusher(spool, url, clock=clock, poison_after=1)
     for _ in range(10):
         clock.t_s += 60
@@ -209,7 +203,7 @@ def test_a_refused_token_never_sets_anything_aside_and_is_loud(
     spool = Spool(tmp_path / "s.db")
     fill(spool, 3)
     script.answer = lambda seq: 401
-    clock = Clock()
+    clock = FakeClock(0.0)
     pusher = Pusher(spool, url, clock=clock, token="wrong", poison_after=1)
     with caplog.at_level(logging.ERROR, logger="wattwatch.agent.push"):
         for _ in range(5):
@@ -226,7 +220,7 @@ def test_429_and_a_wrong_url_set_nothing_aside(server: tuple[str, Scripted], tmp
     url, script = server
     spool = Spool(tmp_path / "s.db")
     fill(spool, 2)
-    clock = Clock()
+    clock = FakeClock(0.0)
     pusher = Pusher(spool, url, clock=clock, poison_after=1)
     script.answer, script.retry_after = (lambda seq: 429), "7"
     assert pusher.push_pending() is False

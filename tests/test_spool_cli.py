@@ -11,7 +11,7 @@ import pytest
 from wattwatch.agent.spool import SPOOL_FILE, Spool
 from wattwatch.cli import main
 from wattwatch.doctor import describe_spool, run_doctor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 
 @pytest.fixture(autouse=True)

@@ -567,8 +567,8 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     fleet = None
     if args.simulate:
         _check_simulate(args.simulate)
-        from wattwatch.sensors.generations import GENERATIONS
-        from wattwatch.sensors.simulated import SimulatedFleet
+        from wattwatch.sim.fleet import SimulatedFleet
+        from wattwatch.sim.generations import GENERATIONS
 
         if args.generation.lower() not in GENERATIONS:
             raise UsageError(f"--generation {args.generation!r} is unknown; use one of {', '.join(GENERATIONS)}")

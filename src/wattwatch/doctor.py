@@ -19,7 +19,7 @@ from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.discovery import Discovery, discover
 
 if TYPE_CHECKING:
-    from wattwatch.sensors.simulated import SimulatedFleet
+    from wattwatch.sim.fleet import SimulatedFleet
 
 OK, SKIP, WARN = "ok  ", "skip", "FIX "
 LATEST_SET_ASIDE = 5  # reasons shown; `wattwatch spool list` shows them all

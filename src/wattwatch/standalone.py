@@ -80,7 +80,7 @@ def build_agent(
     from wattwatch.agent.runner import Agent
     from wattwatch.sensors.discovery import discover
     from wattwatch.sensors.nvml import resolve_visible
-    from wattwatch.sensors.simulated import SimulatedFleet
+    from wattwatch.sim.fleet import SimulatedFleet
 
     options = options if options is not None else AgentOptions.from_env()
     fleet = None

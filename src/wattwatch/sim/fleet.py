@@ -1,7 +1,7 @@
 """Simulated GPU boards behind a fake ``pynvml`` module, so ``--simulate N`` runs the real NVML path.
 
 Board power is a pure function of (seed, board index, the board's activity timeline, t)
-(``sim_profiles``), so the exact integral is known and any process that replays the same timeline
+(``profiles``), so the exact integral is known and any process that replays the same timeline
 computes the same joules. What the fake NVML (``fake_nvml``) reports is derived from that truth the
 way the board's generation (``generations``; default ``h100``) reports it:
 
@@ -25,11 +25,11 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from wattwatch.sensors.generations import BoardGeneration
-from wattwatch.sensors.generations import generation as resolve_generation
-from wattwatch.sensors.sim_profiles import (
+from wattwatch.sim.generations import BoardGeneration
+from wattwatch.sim.generations import generation as resolve_generation
+from wattwatch.sim.profiles import (
     ACTIVITY_KINDS,
     KIND_CODE,
     Idle,
@@ -40,10 +40,7 @@ from wattwatch.sensors.sim_profiles import (
     pick,
 )
 
-if TYPE_CHECKING:
-    from wattwatch.sensors.fake_nvml import FakeNvml
-
-__all__ = ["ACTIVITY_KINDS", "COUNTER_PERIOD_S", "BoardGeneration", "FakeNvml", "SimulatedFleet"]
+__all__ = ["ACTIVITY_KINDS", "COUNTER_PERIOD_S", "BoardGeneration", "SimulatedFleet"]
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +51,6 @@ PROCESS_SAMPLE_PERIOD_S = 1.0 / 6.0  # NVML samples per-process utilisation abou
 def _fleet_file(truth_path: Path) -> Path:
     """Where a fleet writing ``truth_path`` keeps its identity (``resume`` reads it)."""
     return truth_path.with_suffix(".fleet.json")
-
-
-def __getattr__(name: str) -> Any:
-    # FakeNvml lives in fake_nvml.py (which imports this module); keep the old import path working.
-    if name == "FakeNvml":
-        from wattwatch.sensors.fake_nvml import FakeNvml
-
-        return FakeNvml
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -483,7 +471,7 @@ class SimulatedFleet:
         board = self._board(index)
         now = self.clock()
         if board.lost:
-            from wattwatch.sensors.fake_nvml import real_pynvml
+            from wattwatch.sim.fake_nvml import real_pynvml
 
             nvml = real_pynvml()
             raise nvml.NVMLError(nvml.NVML_ERROR_GPU_IS_LOST)
@@ -503,6 +491,6 @@ class SimulatedFleet:
         """A fake ``pynvml`` module over this fleet (a ``FakeNvml``, ``WATTWATCH_SIMULATED = True``); each
         call is a new "process" view with its own ``nvmlInit`` count. Typed ``Any``, like the real module:
         its NVML constants and error classes are copied in at run time."""
-        from wattwatch.sensors.fake_nvml import FakeNvml
+        from wattwatch.sim.fake_nvml import FakeNvml
 
         return FakeNvml(self)

@@ -12,10 +12,10 @@ import math
 import threading
 from typing import TYPE_CHECKING, Any
 
-from wattwatch.sensors.simulated import PROCESS_SAMPLE_PERIOD_S
+from wattwatch.sim.fleet import PROCESS_SAMPLE_PERIOD_S
 
 if TYPE_CHECKING:
-    from wattwatch.sensors.simulated import Board, SimulatedFleet
+    from wattwatch.sim.fleet import Board, SimulatedFleet
 
 DRIVER_VERSION = "550.54.15"
 NVML_VERSION = "12.550.54.15"

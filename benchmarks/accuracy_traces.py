@@ -54,7 +54,7 @@ def job_windows(trace: Trace) -> list[tuple[float, float]]:
 def play(fleet: SimulatedFleet, index: int, trace: Trace) -> list[tuple[float, float]]:
     """Schedule ``trace`` on board ``index`` of ``fleet``; returns the job windows."""
     windows = job_windows(trace)
-    period_s = fleet.generation.update_period_s
+    period_s = fleet.refresh_period_s(index)
     for j, (start_s, end_s) in enumerate(windows):
         pid = 1000 + j
         if trace.kind == "square":

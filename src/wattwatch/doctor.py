@@ -5,9 +5,11 @@ each GPU its model, UUID, power limit, whether it has an energy counter (exact) 
 ``NVML_FI_DEV_POWER_INSTANT`` works, and the timings the sensor learned from it while starting (the
 counter's refresh period and phase, live or held instant power, NVML's per-process sample period,
 NVML call latency; or why one is not learned yet); for RAPL its zones and how often they must be
-read; for an estimate the rule it uses. The exit code is 0 when nothing here needs fixing (absent hardware, such
-as no GPU or no RAPL in a VM, is not a problem) and 1 when a source exists but is unusable for a
-reason the user can fix (permissions, a failing driver, a GPU that cannot be opened).
+read; for an estimate the rule it uses. Given the agent's spool file, it also says how many batches
+wait and how many the collector refused for good (set aside, ``agent.poison``), why, and how to retry
+them. The exit code is 0 when nothing here needs fixing (absent hardware, such as no GPU or no RAPL in
+a VM, is not a problem) and 1 when a source exists but is unusable for a reason the user can fix
+(permissions, a failing driver, a GPU that cannot be opened) or batches are set aside.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from wattwatch.sim.fleet import SimulatedFleet
 
 OK, SKIP, WARN = "ok  ", "skip", "FIX "
+LATEST_SET_ASIDE = 5  # reasons shown; `wattwatch spool list` shows them all
 
 
 def run_doctor(
@@ -31,11 +34,13 @@ def run_doctor(
     powercap_root: Path = Path("/sys/class/powercap"),
     nvml: Any | None = None,
     cpu_tdp_w: float | None = None,
+    spool_path: Path | None = None,
 ) -> tuple[str, int]:
     """The doctor's report as text, and the exit code (0: nothing to fix; 1: something to fix).
 
     ``simulate_fleet`` examines simulated GPUs instead of NVML; ``powercap_root`` and ``nvml`` (a
-    pynvml-like module) are the hardware boundaries, passed in so tests use fixtures.
+    pynvml-like module) are the hardware boundaries, passed in so tests use fixtures. ``spool_path``: the
+    agent's spool file, described when given.
     """
     found = discover(simulate_fleet=simulate_fleet, powercap_root=powercap_root, nvml=nvml, cpu_tdp_w=cpu_tdp_w)
     try:
@@ -43,6 +48,10 @@ def run_doctor(
     finally:
         for sensor in found.sensors:
             sensor.close()
+    if spool_path is not None:
+        spool_lines, spool_problems = describe_spool(spool_path)
+        lines += ["", "Agent spool", *spool_lines]
+        problems += spool_problems
     lines.append("")
     if problems:
         lines.append(f"{problems} problem(s) to fix (marked FIX above); wattwatch measures what it can meanwhile.")
@@ -144,9 +153,7 @@ def _describe_timing(timing: GpuTiming) -> list[str]:
         if timing.phase_window_s is None:
             refresh += "; phase not learned yet"
         else:
-            placed = (
-                "placed" if timing.phase_trusted else "too loosely placed to extrapolate (relearned at the next read)"
-            )
+            placed = "placed" if timing.phase_trusted else "only loosely placed (relearned at the next read)"
             refresh += f"; next refresh {placed} within ±{_ms(timing.phase_window_s / 2)}"
     power = {
         "live": "instant power: live (it changes between counter refreshes)",
@@ -167,3 +174,32 @@ def _describe_timing(timing: GpuTiming) -> list[str]:
         median_s, p95_s, calls = timing.call_latency_s
         latency = f"NVML call latency: median {_ms(median_s)}, p95 {_ms(p95_s)} (over {calls} reads)"
     return [refresh, power, samples, latency]
+
+
+def describe_spool(path: Path) -> tuple[list[str], int]:
+    """Batches waiting in the agent's spool, and those set aside with their latest reasons (1 problem if any)."""
+    from wattwatch.agent.poison import describe
+    from wattwatch.agent.spool import Spool
+
+    if not path.is_file():
+        return [f"{SKIP}  {'spool':14s} no agent spool at {path} (no agent ran with this --home / WATTWATCH_HOME)"], 0
+    spool = Spool(path)
+    try:
+        pending, latest, n_aside = spool.pending(), spool.set_aside_batches(LATEST_SET_ASIDE), spool.dead()
+    finally:
+        spool.close()
+    waiting = f"{pending} batch(es) waiting to be pushed"
+    if not n_aside:
+        return [f"{OK}  {'spool':14s} {path}: {waiting}, none set aside"], 0
+    lines = [
+        f"{WARN}  {'spool':14s} {path}: {n_aside} batch(es) SET ASIDE (the collector refused them; kept, not "
+        f"stored); {waiting}",
+        f"      {'':14s} latest:",
+    ]
+    for batch in latest:
+        lines.append(f"      {'':14s}   seq {batch.seq}: {batch.reason.get('reason', '?')}, {describe(batch.reason)}")
+    lines.append(
+        f"      {'':14s} fix: remove the cause (often: upgrade the collector), then `wattwatch spool requeue --all` "
+        "(`wattwatch spool list` shows them all)"
+    )
+    return lines, 1

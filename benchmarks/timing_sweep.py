@@ -2,10 +2,12 @@
 
 Each row is a simulated board (``wattwatch.sim``) whose energy counter and power readings refresh every
 ``period``; live boards report the power of the moment, part-time ones the mean of the last quarter of
-each period, held until the next refresh. NVML calls take no time, or a random 0-1 ms (half before
-the value is taken, half after). Jobs start and stop a training load exactly at their boundaries; the
-agent gets to each boundary 0-20 ms late. The truth is the simulator's exact integral of its board
-power over each job (``SimulatedFleet.exact_energy_j``), which no wattwatch code computes.
+each period, held until the next refresh. Flaws (the simulator's, ``wattwatch.sim.flaws``): none, or
+"slow+noisy": NVML calls of 0.5 ms plus an exponential tail of 0.5 ms mean (the value read at a random
+point inside the call) and 5 W of noise on instant power readings. Jobs start and stop a training
+load exactly at their boundaries; the agent gets to each boundary 0-20 ms late. The truth is the
+simulator's exact integral of its board power over each job (``SimulatedFleet.exact_energy_j``),
+which no wattwatch code computes.
 
 Prints the command, then a markdown table: the period the sensor learned (where it learns one), and
 the relative error of 1 s jobs (mean of its absolute value, worst) and 10 s jobs (worst).
@@ -18,35 +20,21 @@ import dataclasses
 import random
 import statistics
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import mdtable
 
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.flaws import Flaws
 from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.sim.generations import GENERATIONS
 
 T0 = 1_700_000_000.0
 PERIODS_S = (0.01, 0.02, 0.05, 0.1, 0.2)
-SLOW_CALLS = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFieldValues", "nvmlDeviceGetPowerUsage")
-
-
-def slow_calls(module: Any, clock: FakeClock, rng: random.Random, most_s: float) -> None:
-    """Make the fake module's reads take 0..``most_s``: half before the value is taken, half after."""
-
-    def slow(call: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any) -> Any:
-            clock.sleep(rng.uniform(0.0, most_s / 2))
-            value = call(*args)
-            clock.sleep(rng.uniform(0.0, most_s / 2))
-            return value
-
-        return wrapper
-
-    for name in SLOW_CALLS:
-        setattr(module, name, slow(getattr(module, name)))
+# The simulator's flaws (``wattwatch.sim.flaws``): NVML calls of 0.5 ms plus an exponential tail of 0.5 ms
+# mean, the value read at a random point inside the call, and 5 W of noise on instant power readings.
+FLAWS = {"none": Flaws(), "slow+noisy": Flaws(power_noise_w=5.0, call_latency_s=0.0005, call_jitter_s=0.0005)}
 
 
 def job_errors(fleet: SimulatedFleet, clock: FakeClock, sensor: NvmlSensor, window_s: float, jobs: int) -> list[float]:
@@ -70,15 +58,12 @@ def job_errors(fleet: SimulatedFleet, clock: FakeClock, sensor: NvmlSensor, wind
     return errors
 
 
-def row(generation: str, period_s: float, latency_s: float, jobs: int) -> list[str]:
+def row(generation: str, period_s: float, flaws: str, jobs: int) -> list[str]:
     """One board configuration's figures, as table cells."""
     clock = FakeClock(T0)
     board = dataclasses.replace(GENERATIONS[generation], update_period_s=period_s)
-    fleet = SimulatedFleet(2, seed=7, clock=clock, generation=board)
-    module = fleet.module()
-    if latency_s:
-        slow_calls(module, clock, random.Random(7), latency_s)
-    sensor = NvmlSensor(module, clock=clock, sleep=clock.sleep, power_sample_interval_s=None)
+    fleet = SimulatedFleet(2, seed=7, clock=clock, generation=board, flaws=FLAWS[flaws])
+    sensor = NvmlSensor(fleet.module(), clock=clock, sleep=clock.sleep, power_sample_interval_s=None)
     short = job_errors(fleet, clock, sensor, 1.0, jobs)
     long = job_errors(fleet, clock, sensor, 10.0, max(2, jobs // 4))
     timing = getattr(sensor, "timing", None)  # absent before the sensor learned its timings
@@ -90,7 +75,7 @@ def row(generation: str, period_s: float, latency_s: float, jobs: int) -> list[s
     return [
         generation,
         f"{period_s * 1000:g} ms",
-        f"{latency_s * 1000:g} ms",
+        flaws,
         learned,
         f"{statistics.mean(abs(e) for e in short) * 100:.3f} %",
         f"{max(short, key=abs) * 100:+.3f} %",
@@ -111,16 +96,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1 or not periods or min(periods) <= 0:
         parser.error("--jobs must be >= 1 and every period > 0")
     rows = [
-        row(generation, period_s, latency_s, args.jobs)
+        row(generation, period_s, flaws, args.jobs)
         for generation in ("h100", "h100-parttime")
         for period_s in periods
-        for latency_s in (0.0, 0.001)
+        for flaws in FLAWS
     ]
     print(mdtable.command("timing_sweep.py", sys.argv[1:] if argv is None else list(argv)))
     print()
-    header = ["board", "refresh", "NVML call", "learned period"]
+    header = ["board", "refresh", "flaws", "learned period"]
     header += ["1 s jobs: mean abs. error", "worst", "10 s jobs: worst"]
-    print(mdtable.table(header, rows, right=[False, True, True, True, True, True, True]))
+    print(mdtable.table(header, rows, right=[False, True, False, True, True, True, True]))
     return 0
 
 

@@ -204,8 +204,11 @@ class CounterPoller:
         # that divides the period would bracket every refresh the same way, and teach no more than one).
         self._rng = random.Random(0x7131)
 
-    def _pause(self) -> None:
-        self.sleep(self.poll_interval_s * (0.5 + self._rng.random()))
+    def _pause(self, round_start_s: float) -> None:
+        """Wait until the next round of polls: ``poll_interval_s`` on average after this one began, or
+        at once when the calls themselves took that long (slow calls already widen the brackets)."""
+        spent_s = self.reads.clock() - round_start_s
+        self.sleep(max(0.0, self.poll_interval_s * (0.5 + self._rng.random()) - spent_s))
 
     def calibrate(
         self,
@@ -234,11 +237,15 @@ class CounterPoller:
                 dev.timing.tried_s = start_s
         polls_left = int(CALIBRATION_MAX_S / self.poll_interval_s) + 2  # a stuck clock cannot hang us
         while pending and polls_left > 0:
+            round_start_s = clock()
             for key, dev in list(pending.items()):
+                # The power only until it is known to be live: each read of it lengthens the poll, and
+                # so the counter's brackets (a held reading never proves itself, so it is read on).
+                watch_power = dev.has_instant and not dev.instant_live
                 try:
                     read = self.reads.counter(dev)
                     self.observe(dev, read.raw_mj, read.end_s)
-                    power_w = self.reads.instant_power_w(dev) if dev.has_instant else None
+                    power_w = self.reads.instant_power_w(dev) if watch_power else None
                 except SensorError as exc:
                     self.fail(dev, exc)
                     del pending[key]
@@ -264,7 +271,7 @@ class CounterPoller:
                 del pending[key]
             if not pending:
                 break
-            self._pause()
+            self._pause(round_start_s)
         elapsed_s = clock() - start_s
         for dev in devs:
             if limit_s is None:
@@ -287,6 +294,7 @@ class CounterPoller:
         polls_left = 2 * int((deadline_s - start_s) / self.poll_interval_s) + 10
         done: dict[str, tuple[float, tuple[str, ...]]] = {}
         while probes:
+            round_start_s = clock()
             for key, probe in list(probes.items()):
                 try:
                     change = self._poll(probe)
@@ -311,7 +319,7 @@ class CounterPoller:
                         flags += ("period_unlearned",)
                     done[key] = (probe.dev.cumulative_j, flags)
                 break
-            self._pause()
+            self._pause(round_start_s)
         return done
 
     def _poll(self, probe: _Probe) -> Change | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -34,6 +34,8 @@ MAX_CHANGE_WIDTH_S = 0.01
 # Gaps within this fraction of a period of a whole number of periods count as that number (refresh
 # jitter on real boards, call latency); anything further off is an outlier.
 GAP_TOLERANCE = 0.2
+# A bracket narrower than this share of the period holds one refresh, no more.
+DENSE_SHARE = 0.9
 # A refresh number is assigned only when the worst-case error of the prediction stays below this
 # fraction of a period (so it cannot be off by one).
 UNWRAP_MARGIN = 0.4
@@ -91,17 +93,69 @@ class Change:
         return cls(before.start_s, after.end_s, (before.mid_s + after.mid_s) / 2.0)
 
 
-def coarse_period(runs: Iterable[Sequence[Change]]) -> tuple[float, float] | None:
-    """(period, worst-case error) from runs of changes seen in uninterrupted polls; None with fewer than
-    two resolved gaps.
+def _telescope(runs: list[list[Change]], step: Callable[[Change, Change], int | None]) -> tuple[float, float, int]:
+    """(period, worst-case error, refreshes counted) from the pieces of ``runs`` whose gaps ``step``
+    counts (refreshes between two consecutive changes; None splits the run there). A piece's span has
+    only the error of its two end brackets, so long pieces give precise periods."""
+    span_s = err_s = 0.0
+    count = 0
+    for run in runs:
+        first = last = run[0]
+        k = 0
+        for a, b in [*pairwise(run), (run[-1], None)]:
+            m = None if b is None else step(a, b)
+            if m is not None and b is not None:
+                k, last = k + m, b
+                continue
+            if k:
+                span_s, count = span_s + last.at_s - first.at_s, count + k
+                err_s += first.uncertainty_s + last.uncertainty_s
+            first = last = b if b is not None else a
+            k = 0
+    return (span_s / count, err_s / count, count) if count else (math.nan, math.inf, 0)
 
-    The gaps in a run are whole multiples of the period: the median of the gaps, lowered to the median
-    of the smaller ones while enough of them are clearly shorter (refreshes that left the value
-    unchanged make a few gaps two periods long), is the base. Each run then gives its span over its
-    number of refreshes; its error is only that of its two end brackets, so long runs give precise
-    periods. A gap that is no multiple of the base splits its run.
+
+def _one_period(a: Change, b: Change, period_s: float, limit_s: float) -> bool:
+    """Whether consecutive changes ``a`` and ``b`` of one poll are one refresh apart: both brackets hold
+    one refresh (narrower than ``limit_s``), and the gap is one ``period_s`` within them (a refresh
+    that left the value unchanged would make it two)."""
+    narrow = max(a.hi_s - a.lo_s, b.hi_s - b.lo_s) < limit_s
+    slack_s = a.uncertainty_s + b.uncertainty_s + GAP_TOLERANCE * period_s
+    return narrow and abs(b.at_s - a.at_s - period_s) <= slack_s
+
+
+def coarse_period(polled: Iterable[Sequence[Change]]) -> tuple[float, float] | None:
+    """(period, worst-case error) from runs of changes seen in uninterrupted polls; None with fewer than
+    two gaps that can be counted.
+
+    Between two consecutive changes of a poll the reads saw no change but in the second one's
+    bracket; when both brackets are narrower than a period, each holds one refresh and exactly one
+    period lies between them: such gaps count as one period each (the period that decides "narrower"
+    is iterated from the median gap). Where the brackets are wider (polls slower than the period),
+    gaps are whole multiples of the period: the median of the gaps, lowered to the median of the
+    smaller ones while enough of them are clearly shorter (refreshes that left the value unchanged make
+    a few gaps two periods long), is the base, and each gap counts as the nearest multiple of it (one
+    that is no multiple of it splits its run).
     """
-    runs = [list(run) for run in runs if len(run) >= 2]
+    runs: list[list[Change]] = [list(run) for run in polled if len(run) >= 2]
+    gaps = [b.at_s - a.at_s for run in runs for a, b in pairwise(run)]
+    if len(gaps) < 2:
+        return None
+    period_s = statistics.median(gaps)
+    for _ in range(6):
+        if not period_s > 0:
+            break
+        limit_s = DENSE_SHARE * period_s
+
+        def one(a: Change, b: Change, limit_s: float = limit_s, period_s: float = period_s) -> int | None:
+            return 1 if _one_period(a, b, period_s, limit_s) else None
+
+        dense_s, dense_err_s, count = _telescope(runs, one)
+        if count < 2:
+            break
+        if abs(dense_s - period_s) <= 1e-9 * period_s or dense_s * DENSE_SHARE >= limit_s:
+            return dense_s, dense_err_s  # every bracket counted is narrower than the period found
+        period_s = dense_s
     resolved = [
         b.at_s - a.at_s
         for run in runs
@@ -116,27 +170,14 @@ def coarse_period(runs: Iterable[Sequence[Change]]) -> tuple[float, float] | Non
         if len(smaller) < max(2, len(resolved) // 4):
             break
         base = statistics.median(smaller)
-    span_s = err_s = 0.0
-    count = 0
-    for run in runs:
-        first = last = run[0]
-        k = 0
-        for a, b in pairwise(run):
-            m = round((b.at_s - a.at_s) / base)
-            if m >= 1 and abs(b.at_s - a.at_s - m * base) <= GAP_TOLERANCE * base + a.uncertainty_s + b.uncertainty_s:
-                k, last = k + m, b
-                continue
-            if k:
-                span_s, count = span_s + last.at_s - first.at_s, count + k
-                err_s += first.uncertainty_s + last.uncertainty_s
-            first = last = b
-            k = 0
-        if k:
-            span_s, count = span_s + last.at_s - first.at_s, count + k
-            err_s += first.uncertainty_s + last.uncertainty_s
-    if count < 2:
-        return None
-    return span_s / count, err_s / count
+
+    def multiple(a: Change, b: Change) -> int | None:
+        m = round((b.at_s - a.at_s) / base)
+        fits = abs(b.at_s - a.at_s - m * base) <= GAP_TOLERANCE * base + a.uncertainty_s + b.uncertainty_s
+        return m if m >= 1 and fits else None
+
+    period_s, err_s, count = _telescope(runs, multiple)
+    return (period_s, err_s) if count >= 2 else None
 
 
 @dataclass(frozen=True)
@@ -214,25 +255,32 @@ class _Chain:
         return (p_lo, p_hi) if p_lo < p_hi and math.isfinite(p_lo) and math.isfinite(p_hi) else None
 
     def fit(self, prior: tuple[float, float]) -> PhaseFit:
-        """The grid through the chain, with the line's period where it beats ``prior`` (period, error)."""
+        """The grid through the chain. Its period is the middle of what every bound that holds at worst
+        leaves: ``prior`` (period, error), the end brackets' around the least-squares slope, the pairs'
+        (``period_bounds``); its error is half the width of that."""
         line = self.line()
-        period_s, err_s = prior if line is None or line[1] >= prior[1] else line
+        n, sn, snn, sx, snx = self._sums
+        slope_s = (n * snx - sn * sx) / (n * snn - sn * sn) if line is not None else prior[0]
         last, n_last = self.last
-        # Intercept of the line with this period through the brackets' mean, then the excess residual.
-        mean_t = statistics.fmean(c.at_s - (n - n_last) * period_s for c, n in self.points)
+        # Intercept of the line with this slope through the brackets' mean, then the excess residual.
+        mean_t = statistics.fmean(c.at_s - (k - n_last) * slope_s for c, k in self.points)
         jitter_s = max(
-            max(0.0, abs(c.at_s - (n - n_last) * period_s - mean_t) - c.uncertainty_s) for c, n in self.points
+            max(0.0, abs(c.at_s - (k - n_last) * slope_s - mean_t) - c.uncertainty_s) for c, k in self.points
         )
-        if line is not None and line[1] < prior[1]:
+        bounds = [(prior[0] - prior[1], prior[0] + prior[1])]
+        if line is not None:
             first, n_first = self.points[0]
-            err_s = (first.uncertainty_s + last.uncertainty_s + 2.0 * jitter_s) / (n_last - n_first)
-        bounds = self.period_bounds(jitter_s)
-        if bounds is not None:
-            # The LS period, kept within what every pair of brackets allows; the error is to the far bound.
-            p_lo, p_hi = bounds
-            clamped_s = min(max(period_s, p_lo), p_hi)
-            if max(clamped_s - p_lo, p_hi - clamped_s) < err_s:
-                period_s, err_s = clamped_s, max(clamped_s - p_lo, p_hi - clamped_s)
+            end_err_s = (first.uncertainty_s + last.uncertainty_s + 2.0 * jitter_s) / (n_last - n_first)
+            bounds.append((slope_s - end_err_s, slope_s + end_err_s))
+        pairs = self.period_bounds(jitter_s)
+        if pairs is not None:
+            bounds.append(pairs)
+        p_lo, p_hi = max(b[0] for b in bounds), min(b[1] for b in bounds)
+        if not p_lo <= p_hi:  # the bounds disagree (refreshes off their grid): keep to the prior
+            p_lo, p_hi = bounds[0]
+        # The middle of what every bound allows: the least worst-case error (a slope through bracket
+        # middles is pulled by where in its bracket each refresh happened to fall).
+        period_s, err_s = (p_lo + p_hi) / 2.0, (p_hi - p_lo) / 2.0
         lo_s, hi_s = -math.inf, math.inf
         for c, n in self.points:  # every bracket, carried to the latest refresh
             shift, widen = (n_last - n) * period_s, (n_last - n) * err_s + jitter_s
@@ -318,13 +366,17 @@ class CounterTiming:
             )
             return
         prior = min(candidates, key=lambda p: p[1])
-        changes = sorted((c for _, c in self._changes), key=lambda c: c.at_s)
-        chain = _Chain(changes[0])
+        changes = sorted(self._changes, key=lambda rc: rc[1].at_s)
+        chain = _Chain(changes[0][1])
         strikes = 0
-        for change in changes[1:]:
+        for (before_run, before), (run, change) in pairwise(changes):
             line = chain.line()
             period_s, err_s = line if line is not None and line[1] < prior[1] else prior
             last, n_last = chain.last
+            if last is before and run == before_run and _one_period(last, change, period_s, DENSE_SHARE * period_s):
+                chain.add(change, n_last + 1)  # the next change of one poll, both brackets narrow: one period
+                strikes = 0
+                continue
             gap_s = change.at_s - last.at_s
             m = round(gap_s / period_s)
             slack_s = change.uncertainty_s + last.uncertainty_s

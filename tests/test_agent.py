@@ -129,7 +129,7 @@ def test_spool_survives_reopen_and_never_reuses_a_seq(tmp_path: Path) -> None:
     for seq in seqs:
         spool.put(seq, f"body{seq}".encode(), 1.0)
     spool.ack(seqs[0])
-    spool.bury(seqs[1], "HTTP 422")
+    assert spool.set_aside(seqs[1], {"reason": "rejected", "status": 422})
     spool.close()
     again = Spool(tmp_path / "spool.db")
     assert again.peek() == [(seqs[2], f"body{seqs[2]}".encode())]

@@ -161,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser(
         "doctor",
-        help="which sensors work here, and why the others don't",
+        help="which sensors work here, why the others don't, and batches the collector refused",
         formatter_class=_fmt(),
-        epilog="examples:\n  wattwatch doctor\n  wattwatch doctor --simulate 2 --generation p100",
+        epilog="examples:\n  wattwatch doctor\n  wattwatch doctor --simulate 2 --generation p100\n"
+        "  wattwatch --home /var/lib/wattwatch doctor    the agent's spool in another home",
     )
     doc.add_argument("--simulate", type=int, default=0, metavar="N", help="examine N simulated GPUs instead")
     doc.add_argument("--generation", default="h100", help="board generation of simulated GPUs (default h100)")
@@ -184,9 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
 
-    from wattwatch import token_cli
+    from wattwatch import spool_cli, token_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
+    spool_cli.add_parser(sub, _fmt())
     return p
 
 
@@ -254,6 +256,13 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="interval length while inference requests flow, for per-query energy (default 0.1; 0: off)",
     )
+    p.add_argument(
+        "--poison-after",
+        type=int,
+        metavar="N",
+        help="set a batch aside after N failures (5xx or no answer) while later batches land "
+        "(default $WATTWATCH_POISON_AFTER or 5; see `wattwatch spool --help`)",
+    )
 
 
 def _add_sim_flaws(p: argparse.ArgumentParser) -> None:
@@ -291,6 +300,7 @@ def _agent_options(args: argparse.Namespace) -> Any:
         proc_root=args.proc_root,
         discover=False if args.no_discover else None,
         fine_interval_s=args.fine_interval,
+        poison_after=args.poison_after,
     )
 
 
@@ -412,6 +422,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch import token_cli
 
         return token_cli.run(args, settings)
+    if cmd == "spool":
+        from wattwatch import spool_cli
+
+        return spool_cli.run(args, settings)
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
@@ -579,6 +593,7 @@ def _report_from_server(args: argparse.Namespace, settings: Settings) -> dict[st
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from wattwatch.agent.spool import SPOOL_FILE
     from wattwatch.doctor import run_doctor
 
     fleet = None
@@ -593,7 +608,9 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
         fleet = SimulatedFleet(args.simulate, generation=args.generation, flaws=flaws)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        text, code = run_doctor(simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None)
+        text, code = run_doctor(
+            simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None, spool_path=settings.home / SPOOL_FILE
+        )
     print(text)
     return code
 

@@ -476,6 +476,11 @@ class Agent:
         # The intervals closed here belong to the jobs that held the devices until now: sample first,
         # then apply what this event changes.
         self._to_weigh = {}
+        listed = None
+        if event.kind == "end" and self.tracker is not None and (ending := self.registry.get(event.job_id)):
+            # Who is on the job's GPUs at its end: asked before the boundary read, which waits up to a
+            # counter refresh, long enough for a process that stays a moment to have left by then.
+            listed = self.tracker.listed(ending.held_devices)
         intervals = self._hold_shared(self.sampler.sample(self._shares, at_s=event.t_s if boundary else None))
         jobs: list[wire.Job] = []
         if event.kind == "start" and event.job is not None:
@@ -490,7 +495,7 @@ class Agent:
                 jobs.append(ended.to_wire(ended_at_s=max(event.t_s, ended.started_at_s)))
                 if self.tracker is not None:
                     # Its processes still on the GPU start their "after" phase here, not an anonymous job.
-                    jobs.extend(self.tracker.release(ended, max(event.t_s, ended.started_at_s)))
+                    jobs.extend(self.tracker.release(ended, max(event.t_s, ended.started_at_s), listed))
         elif event.kind == "tick":
             # Discovered jobs start and end at the tick that sees their processes come and go.
             if self.tracker is not None:

@@ -203,15 +203,15 @@ class ProcessTracker:
         return out
 
     def listed(self, keys: Iterable[str]) -> dict[str, set[int]]:
-        """NVML's processes on each GPU of ``keys``, now (what ``release`` looks at: taken at a job's end,
-        before its boundary read waits for the counter's refresh)."""
+        """NVML's processes on each GPU of ``keys``, now (for ``release``: taken as a job ends). Safe from
+        any thread."""
         return {key: self._running_pids(key) for key in keys if key in self._gpu_keys}
 
     def release(self, job: ActiveJob, t_s: float, listed: Mapping[str, set[int]] | None = None) -> list[wire.Job]:
-        """Explicit ``job`` ended at ``t_s``: each of its processes NVML still listed on its GPUs at its end
-        (``listed``, from ``listed``; else asked now) that is still alive starts its ``after`` phase at
-        ``t_s``, so it neither becomes an anonymous job at the next tick nor leaves its energy to idle or to
-        the jobs sharing its GPU. Only with discovery on (else a process outside its jobs is idle)."""
+        """Explicit ``job`` ended at ``t_s``: each of its processes NVML listed on its GPUs as it ended
+        (``listed``, from ``listed``; else asked now) and still alive starts its ``after`` phase at ``t_s``,
+        so it neither becomes an anonymous job at the next tick nor leaves its energy to idle or to a job
+        sharing its GPU. Only with discovery on (else a process outside its jobs is idle)."""
         roots = job.all_pids
         book = self._book
         if book is None or not roots:

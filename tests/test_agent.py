@@ -84,6 +84,43 @@ def test_sampler_intervals_are_contiguous_and_carry_shares() -> None:
     assert {iv.device: iv.energy_j for iv in second} == pytest.approx({"gpu0": 25.0, "gpu1": 12.5})
 
 
+class WaitingSensor(LinearSensor):
+    """Reads its devices one after another, waiting before each next one as long as ``waits_s`` says for
+    this read (as the NVML sensor does when one board's counter is about to refresh): each reading carries
+    the time it was taken."""
+
+    def __init__(self, power_w: dict[str, float], clock: FakeClock, waits_s: list[float]) -> None:
+        super().__init__(power_w, clock)
+        self.fake_clock = clock
+        self.waits_s = waits_s
+
+    def read(self) -> list[EnergyReading]:
+        wait_s = self.waits_s[self.reads % len(self.waits_s)]
+        self.reads += 1
+        out = []
+        for k, p in self.power_w.items():
+            t_s = self.fake_clock.t_s
+            out.append(EnergyReading(device=k, t_s=t_s, energy_j=p * (t_s - self.origin_s), source="counter"))
+            self.fake_clock.t_s += wait_s
+        return out
+
+
+def test_sampler_carries_a_reading_taken_before_its_samples_stamp_to_the_stamp() -> None:
+    power_w = {"gpu0": 600.0, "gpu1": 300.0, "gpu2": 100.0}
+    clock = FakeClock(1000.0)
+    sampler = Sampler([WaitingSensor(power_w, clock, [0.03, 0.0002, 0.01])])
+    sampler.sample(no_jobs)
+    intervals = []
+    for _ in range(6):
+        clock.t_s += 1.0
+        intervals += sampler.sample(no_jobs)
+    assert len({iv.t_end_s for iv in intervals}) == 6  # one stamp per sample: a job's devices add up per tick
+    # Every interval holds the energy of its own span: gpu0, read 60 ms before the sample's last reading,
+    # would otherwise carry 36 J into the next tick, and back.
+    for iv in intervals:
+        assert iv.energy_j == pytest.approx(power_w[iv.device] * (iv.t_end_s - iv.t_start_s), rel=1e-9)
+
+
 def test_sampler_moves_a_late_boundary_onto_the_last_reading_and_survives_a_broken_sensor() -> None:
     clock = FakeClock(1000.0)
     good = LinearSensor({"gpu0": 100.0}, clock)

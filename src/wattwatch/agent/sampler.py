@@ -134,18 +134,26 @@ class Sampler:
                 failed.append(sensor.name)
                 log.exception("sensor %s failed to read; its devices get no interval this time", sensor.name)
         self.stats.observe(time.perf_counter() - started_s, failed)
-        # One stamp per sample: the sensors were read microseconds apart, and identical interval bounds
-        # let the collector add a job's devices up tick by tick (peak power over all its GPUs).
+        # One stamp per sample: identical interval bounds let the collector add a job's devices up tick by
+        # tick (peak power over all its GPUs).
         stamp_s = max((r.t_s for r in readings), default=0.0)
         intervals: list[wire.Interval] = []
         for reading in readings:
             last = self._last.get(reading.device)
             t_s = max(stamp_s, last.t_s if last else stamp_s)
             energy_j = reading.energy_j
+            if last is not None and last.t_s < reading.t_s < t_s:
+                # Read before the stamp (the NVML sensor may wait a few ms for one board's counter to refresh
+                # before reading the next; a slow sensor after it): carried to the stamp at the power of the
+                # interval it closes, else that much of its power would move across the tick.
+                power_w = max(0.0, energy_j - last.energy_j) / (reading.t_s - last.t_s)
+                energy_j += power_w * (t_s - reading.t_s)
             self.last_t_s = max(self.last_t_s, t_s)
             if last is None:
-                self._last[reading.device] = _Last(t_s, energy_j)
-                self._remember(reading, t_s, energy_j)
+                # A device's first reading starts its intervals at its own time: there is no power to carry
+                # it to the stamp with yet.
+                self._last[reading.device] = _Last(reading.t_s, energy_j)
+                self._remember(reading, reading.t_s, energy_j)
                 continue
             # Sensors promise monotonic energy; clamp anyway so one bad read can't make energy negative.
             energy_j = max(energy_j, last.energy_j)

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 # period is not learned, UNLEARNED_WAIT_S (long enough for any refresh period up to half a second).
 WAIT_PERIODS = 2.5
 UNLEARNED_WAIT_S = 0.6
+# Calibration polls this many times as often as boundary reads (it runs rarely and briefly).
+CALIBRATION_PACE = 4
 
 
 @dataclass
@@ -204,11 +206,11 @@ class CounterPoller:
         # that divides the period would bracket every refresh the same way, and teach no more than one).
         self._rng = random.Random(0x7131)
 
-    def _pause(self, round_start_s: float) -> None:
-        """Wait until the next round of polls: ``poll_interval_s`` on average after this one began, or
-        at once when the calls themselves took that long (slow calls already widen the brackets)."""
+    def _pause(self, round_start_s: float, interval_s: float) -> None:
+        """Wait until the next round of polls: ``interval_s`` on average after this one began, or at
+        once when the calls themselves took that long (slow calls already widen the brackets)."""
         spent_s = self.reads.clock() - round_start_s
-        self.sleep(max(0.0, self.poll_interval_s * (0.5 + self._rng.random()) - spent_s))
+        self.sleep(max(0.0, interval_s * (0.5 + self._rng.random()) - spent_s))
 
     def calibrate(
         self,
@@ -216,7 +218,8 @@ class CounterPoller:
         done: Callable[[GpuDevice], None] = lambda dev: None,
         limit_s: float | None = None,
     ) -> None:
-        """Poll the counters of ``devs`` (all in one loop, every ``poll_interval_s``, for at most
+        """Poll the counters of ``devs`` (all in one loop, CALIBRATION_PACE times as often as a boundary
+        read polls: the brackets' width is what the period's precision comes down to; for at most
         ``limit_s`` or else ``CounterTiming.poll_limit_s``) until each has shown enough refreshes to
         place its phase (see ``CounterTiming.calibrated``); the instant power is read too, to learn
         whether it is live. ``done(dev)`` runs as soon as a device is calibrated (a tick read then needs
@@ -235,7 +238,8 @@ class CounterPoller:
         if limit_s is None:
             for dev in devs:
                 dev.timing.tried_s = start_s
-        polls_left = int(CALIBRATION_MAX_S / self.poll_interval_s) + 2  # a stuck clock cannot hang us
+        interval_s = self.poll_interval_s / CALIBRATION_PACE
+        polls_left = int(CALIBRATION_MAX_S / interval_s) + 2  # a stuck clock cannot hang us
         while pending and polls_left > 0:
             round_start_s = clock()
             for key, dev in list(pending.items()):
@@ -271,7 +275,7 @@ class CounterPoller:
                 del pending[key]
             if not pending:
                 break
-            self._pause(round_start_s)
+            self._pause(round_start_s, interval_s)
         elapsed_s = clock() - start_s
         for dev in devs:
             if limit_s is None:
@@ -319,7 +323,7 @@ class CounterPoller:
                         flags += ("period_unlearned",)
                     done[key] = (probe.dev.cumulative_j, flags)
                 break
-            self._pause(round_start_s)
+            self._pause(round_start_s, self.poll_interval_s)
         return done
 
     def _poll(self, probe: _Probe) -> Change | None:

@@ -53,10 +53,14 @@ SHORT_POLL_MAX_S = 0.012
 # The first calibration polls until the phase can be placed this far ahead to within a quarter period
 # (so the phase stays trusted for seconds before a refresh poll is needed), or for at most
 # CALIBRATION_MAX_S; once the period is known, a poll only needs one fresh refresh.
-LOOKAHEAD_S = 10.0
+LOOKAHEAD_S = 30.0
 CALIBRATION_MAX_S = 1.0
 HISTORY = 128  # refresh brackets kept (the oldest are dropped)
 READ_MARGIN_S = 1e-5  # how far past a predicted refresh window a tick read waits
+# A tick read this close before a refresh waits for it (at most NEAR_REFRESH_S): extrapolating the
+# instant power over a whole period is the tick's largest error, waiting a few ms the cheaper cure.
+NEAR_REFRESH_S = 0.01
+NEAR_REFRESH_SHARE = 0.1
 PAIR_EDGE = 16  # brackets at each end of the history whose pairs bound the period
 
 
@@ -479,12 +483,15 @@ class CounterTiming:
         return fit
 
     def wait_before_read_s(self, start_s: float, end_s: float) -> float:
-        """How long to wait before reading again when a refresh may fall within a read that ran from
-        ``start_s`` to ``end_s`` (then the value could be from before or after it); 0: it cannot."""
+        """How long to wait before reading again, for a read that ran from ``start_s`` to ``end_s``: past
+        the next refresh when it may fall within the read (the value could be from either side of it)
+        or is due within NEAR_REFRESH_SHARE of a period, at most NEAR_REFRESH_S (a read right after a
+        refresh extrapolates least); 0: read as it is."""
         fit = self._grid()
         lo, hi = fit.window(fit.last_before(start_s) + 1)
+        near_s = min(NEAR_REFRESH_S, NEAR_REFRESH_SHARE * fit.period_s)
         # A margin past the window: Unix times near 1.7e9 s carry rounding of ~0.2 µs.
-        return max(0.0, hi - end_s) + READ_MARGIN_S if lo < end_s else 0.0
+        return max(0.0, hi - end_s) + READ_MARGIN_S if lo < end_s + near_s else 0.0
 
     def last_refresh_s(self, start_s: float) -> float:
         """The predicted last refresh before a read that began at ``start_s`` (mid-window)."""

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from wattwatch.sensors.nvml import NvmlSensor
+from wattwatch.sensors.nvml_grid import Change, coarse_period
 from wattwatch.sensors.nvml_processes import SamplePeriod
-from wattwatch.sensors.nvml_timing import Change, CounterTiming, coarse_period
+from wattwatch.sensors.nvml_timing import CounterTiming
 from wattwatch.sim.clock import FakeClock
 from wattwatch.sim.flaws import Flaws
 from wattwatch.sim.fleet import SimulatedFleet

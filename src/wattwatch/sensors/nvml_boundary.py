@@ -19,7 +19,8 @@ from itertools import pairwise
 
 from wattwatch.errors import SensorError
 from wattwatch.sensors.nvml_device import GpuDevice, NvmlReads
-from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S, Change, CounterRead
+from wattwatch.sensors.nvml_grid import Change, CounterRead
+from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +182,8 @@ class _Probe:
 class CounterPoller:
     """Polls GPUs' energy counters: boundary reads (``read_at``) and timing calibrations.
 
-    ``observe`` takes each counter value into the sensor's bookkeeping (reset detection); ``fail``
-    drops a GPU from this poll when a read raises (the sensor marks it lost or warns once);
+    Each counter value goes into the GPU's bookkeeping (``NvmlReads.observe``: resets); ``fail`` drops
+    a GPU from this poll when a read raises (the sensor marks it lost or warns once);
     ``between_polls`` runs after each round of polls (the sensor keeps integrating GPUs without a
     counter, whose own thread waits for the poll to end).
     """
@@ -192,14 +193,12 @@ class CounterPoller:
         reads: NvmlReads,
         sleep: Callable[[float], None],
         poll_interval_s: float,
-        observe: Callable[[GpuDevice, int, float], None],
         fail: Callable[[GpuDevice, SensorError], None],
         between_polls: Callable[[], None] = lambda: None,
     ) -> None:
         self.reads = reads
         self.sleep = sleep
         self.poll_interval_s = poll_interval_s
-        self.observe = observe
         self.fail = fail
         self.between_polls = between_polls
         # Polls are jittered so their brackets fall at varied offsets around the refreshes (a fixed pace
@@ -248,7 +247,7 @@ class CounterPoller:
                 watch_power = dev.has_instant and not dev.instant_live
                 try:
                     read = self.reads.counter(dev)
-                    self.observe(dev, read.raw_mj, read.end_s)
+                    self.reads.observe(dev, read.raw_mj, read.end_s)
                     power_w = self.reads.instant_power_w(dev) if watch_power else None
                 except SensorError as exc:
                     self.fail(dev, exc)
@@ -330,7 +329,7 @@ class CounterPoller:
         """One poll of one device: counter, then power; the refresh bracketed since the last poll, if any."""
         dev = probe.dev
         read = self.reads.counter(dev)
-        self.observe(dev, read.raw_mj, read.start_s)
+        self.reads.observe(dev, read.raw_mj, read.start_s)
         power_w, power_t_s = self.reads.timed_power_w(dev)
         last, probe.last = probe.last, read
         moved = last is not None and read.raw_mj > last.raw_mj  # a drop is a reset, not a refresh

@@ -66,6 +66,8 @@ MIN_EPOCH_S = 0.0
 MAX_EPOCH_S = 1e10  # 2286-11-20: a larger "Unix time" is in milliseconds (time.time() * 1000)
 DEFAULT_PAST_S = 30 * 86400.0
 DEFAULT_FUTURE_S = 86400.0
+# A job's start may lie further back than the window: a training run of months sends its start with its end.
+MAX_JOB_AGE_S = 400 * 86400.0
 
 # --- why something was refused (the agent's wattwatch_agent_refused_total{reason}) ---------------------
 REASON_TIME = "timestamp"  # not finite, not Unix seconds, or outside the time window
@@ -134,20 +136,22 @@ class TimeWindow:
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"the time window's {name} must be a positive number of seconds, got {value!r}")
 
-    def check(self, field: str, t_s: float, now_s: float) -> None:
-        """BoundError naming ``field`` unless ``t_s`` lies in the window around ``now_s``."""
-        if t_s < now_s - self.past_s:
+    def check(self, field: str, t_s: float, now_s: float, *, past_s: float | None = None) -> None:
+        """BoundError naming ``field`` unless ``t_s`` lies in the window around ``now_s`` (reaching back
+        ``past_s`` instead, when given)."""
+        back_s = self.past_s if past_s is None else past_s
+        if t_s < now_s - back_s:
             raise BoundError(
                 field,
-                f"{_iso(t_s)} is more than {_duration(self.past_s)} before now ({_iso(now_s)}); "
-                f"accepted: {_duration(self.past_s)} back to {_duration(self.future_s)} ahead",
+                f"{_iso(t_s)} is more than {_duration(back_s)} before now ({_iso(now_s)}); "
+                f"accepted: {_duration(back_s)} back to {_duration(self.future_s)} ahead",
                 REASON_TIME,
             )
         if t_s > now_s + self.future_s:
             raise BoundError(
                 field,
                 f"{_iso(t_s)} is more than {_duration(self.future_s)} after now ({_iso(now_s)}); "
-                f"accepted: {_duration(self.past_s)} back to {_duration(self.future_s)} ahead",
+                f"accepted: {_duration(back_s)} back to {_duration(self.future_s)} ahead",
                 REASON_TIME,
             )
 
@@ -161,9 +165,10 @@ def _check_range(field: str, start_s: float, end_s: float, now_s: float, window:
 
 
 def check_job_times(job: wire.Job, now_s: float, window: TimeWindow, prefix: str = "") -> None:
-    """The job's start (0: unknown, taken as now by the collector) and end lie in the window."""
+    """The job's end lies in the window, its start (0: unknown, taken as now by the collector) in the window
+    stretched back to ``MAX_JOB_AGE_S``: a long run's end record carries its start."""
     if job.started_at_s != 0.0:
-        window.check(f"{prefix}started_at_s", job.started_at_s, now_s)
+        window.check(f"{prefix}started_at_s", job.started_at_s, now_s, past_s=max(window.past_s, MAX_JOB_AGE_S))
     if job.ended_at_s is not None:
         window.check(f"{prefix}ended_at_s", job.ended_at_s, now_s)
 

@@ -208,7 +208,11 @@ def _split_msgspec_error(text: str) -> tuple[str, str]:
     """``"Expected int - at `$.a[0].b`"`` -> ``("a[0].b", "Expected int")``; names missing/unknown fields."""
     message, sep, where = text.rpartition(" - at `")
     # msgspec gives no location for errors in the top-level object itself.
-    path = where.rstrip("`").removeprefix("$").lstrip(".") if sep else ""
+    where = where.rstrip("`")
+    if where.startswith("key` in `"):  # a dictionary's key (a label's): name the dictionary
+        where = where.removeprefix("key` in `")
+        message = f"a key: {message}"
+    path = where.removeprefix("$").lstrip(".") if sep else ""
     if not sep:
         message = text
     # msgspec reports missing/unknown fields at the parent path; put the field's own name in the path.

@@ -54,7 +54,8 @@ def parse_job_start(
         raise ConfigError(f"via {via!r} must be a short lowercase word such as sdk or run")
     pid = msg.get("pid")
     cvd = msg.get("cuda_visible_devices")
-    fitted, dropped = fit_labels({str(k): v if isinstance(v, str) else str(v) for k, v in labels.items()})
+    given = {str(k): v if isinstance(v, str) else str(v) for k, v in labels.items()}
+    fitted, dropped = fit_labels({**given, DISCOVERED_BY: via})
     warnings = [str(exc) for exc in dropped[:3]] + ([f"and {len(dropped) - 3} more"] if len(dropped) > 3 else [])
     devices: list[str] = []
     if cvd is not None and gpus and resolve_visible is not None:
@@ -67,7 +68,7 @@ def parse_job_start(
         name=name,
         kind=kind,
         started_at_s=0.0,
-        labels={**fitted, DISCOVERED_BY: via},
+        labels=fitted,
         devices=frozenset(devices),
         pids={int(pid)} if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= MAX_PID else set(),
         bind_by_process=cvd is None,

@@ -87,7 +87,7 @@ def test_the_socket_drops_a_bad_span_alone_counts_it_and_the_batch_lands(
     assert "spans[2].tokens_in" in reply["error"] and "spans[3].t_end_s" in reply["error"]
     one = client.request({"op": "query", "job": "chat", "t_start_s": 1.5, "t_end_s": 2.0})
     assert (one["ok"], one["field"], one["reason"]) == (False, "t_start_s", "timestamp")
-    expected = {"timestamp": 3.0, "integer_range": 1.0, "end_before_start": 1.0}
+    expected = {"timestamp": 3.0, "out_of_range": 1.0, "end_before_start": 1.0}
     assert refused_metric(agent) == {reason: expected.get(reason, 0.0) for reason in limits.REASONS}
     agent.stop(flush_timeout_s=0.2)
     assert set(push_all(spooled(agent), db_engine, tmp_path)) == {200}
@@ -115,9 +115,9 @@ def test_the_sdk_refuses_at_the_source_warns_once_per_reason_and_the_rest_flows(
                 pass
         wait_for(lambda: agent.registry.get("serve-1") is None)
     messages = [str(w.message) for w in caught if "dropped" in str(w.message)]
-    assert len(messages) == 3, messages  # one per reason: labels (two left out), timestamp, integer_range
+    assert len(messages) == 3, messages  # one per reason: labels (two left out), timestamp, out_of_range
     assert any("t_start_s" in m and "milliseconds" in m for m in messages)
-    assert sdk.refused() == {"labels": 2, "timestamp": 1, "integer_range": 2}
+    assert sdk.refused() == {"labels": 2, "timestamp": 1, "out_of_range": 2}
     assert sum(refused_metric(agent).values()) == 0  # nothing bad reached the agent
     agent.stop(flush_timeout_s=0.2)
     assert set(push_all(spooled(agent), db_engine, tmp_path)) == {200}
@@ -202,3 +202,26 @@ def test_an_agents_own_labels_and_names_are_fitted_before_they_are_sent() -> Non
     decoded = wire.decode_batch(body).jobs[0]  # decoding checks every bound
     assert len(decoded.name) == limits.MAX_NAME_CHARS and decoded.name.startswith("ns/ppp")
     assert decoded.labels == {k: "v" for k in sorted(pod_labels)[: limits.MAX_LABELS]}
+
+
+def test_a_sealed_batch_leaves_out_the_agents_own_bad_records_alone(tmp_path: Path, db_engine: Engine) -> None:
+    """A counter glitch's absurd energy or a scraped count beyond the bounds costs that record, not the batch."""
+    from wattwatch.agent.outbox import Outbox
+    from wattwatch.agent.requests import Refusals
+
+    now = time.time()
+    refusals = Refusals()
+    spool = Spool(tmp_path / "spool.db")
+    devices = [wire.Device(key="gpu0", kind="gpu")]
+    outbox = Outbox(spool, "a1", "h1", lambda: devices, time.time, refused=refusals.add)
+    good = [wire.Interval("gpu0", now - 3 + i, now - 2 + i, 300.0, "counter") for i in range(3)]
+    glitch = wire.Interval("gpu0", now - 1, now, 1.7e308, "counter")
+    counts = [wire.QueryCount("chat", now - 5, now, queries=7), wire.QueryCount("chat", now - 5, now, queries=2**31)]
+    outbox.add(intervals=[good[0], glitch, *good[1:]], counts=counts)
+    seq = outbox.seal()
+    bodies = [body for _, body in spool.peek()]
+    spool.close()
+    sealed = wire.decode_batch(bodies[0])
+    assert seq == sealed.seq and sealed.intervals == good and [c.queries for c in sealed.query_counts] == [7]
+    assert refusals.counts() == {"out_of_range": 2}
+    assert push_all(bodies, db_engine, tmp_path) == [200]

@@ -72,11 +72,11 @@ MAX_JOB_AGE_S = 400 * 86400.0
 # --- why something was refused (the agent's wattwatch_agent_refused_total{reason}) ---------------------
 REASON_TIME = "timestamp"  # not finite, not Unix seconds, or outside the time window
 REASON_ORDER = "end_before_start"
-REASON_INTEGER = "integer_range"
+REASON_RANGE = "out_of_range"  # a count, energy, power or weight beyond its bound
 REASON_STRING = "string"  # too long, empty, or holding a NUL
 REASON_LABELS = "labels"
 REASON_MALFORMED = "malformed"  # missing, of the wrong type, or not one of the allowed values
-REASONS = (REASON_TIME, REASON_ORDER, REASON_INTEGER, REASON_STRING, REASON_LABELS, REASON_MALFORMED)
+REASONS = (REASON_TIME, REASON_ORDER, REASON_RANGE, REASON_STRING, REASON_LABELS, REASON_MALFORMED)
 
 
 class BoundError(ValueError):
@@ -203,7 +203,7 @@ def check_count(field: str, value: Any, maximum: int = MAX_TOKENS) -> int:
                 raise BoundError(field, f"expected a whole number, got {value!r}", REASON_MALFORMED) from None
             value = int(value)
     if not 0 <= value <= maximum:
-        raise BoundError(field, f"{value} is outside 0 to {maximum}", REASON_INTEGER)
+        raise BoundError(field, f"{value} is outside 0 to {maximum}", REASON_RANGE)
     return int(value)
 
 

@@ -199,7 +199,8 @@ def decode_as(body: bytes, typ: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=typ)
     except msgspec.ValidationError as exc:
-        raise WireError(*_split_msgspec_error(str(exc))) from None
+        field, message = _split_msgspec_error(str(exc))
+        raise WireError(field, message, _reason(field, message)) from None
     except msgspec.DecodeError as exc:
         raise WireError("body", f"not valid JSON: {exc}") from None
 
@@ -225,3 +226,17 @@ def _split_msgspec_error(text: str) -> tuple[str, str]:
             name = message.split(marker, 1)[1].split("`", 1)[0]
             path = f"{path}.{name}" if path else name
     return path or "body", message
+
+
+def _reason(field: str, message: str) -> str:
+    """Which of ``limits.REASONS`` a msgspec error is (what the agent counts its own refusals by)."""
+    if "must not be earlier" in message:
+        return limits.REASON_ORDER
+    bounded = "<=" in message or ">=" in message
+    if bounded and field.endswith("_s"):
+        return limits.REASON_TIME
+    if ".labels" in f".{field}":
+        return limits.REASON_LABELS
+    if "length" in message or "regex" in message:
+        return limits.REASON_STRING
+    return limits.REASON_RANGE if bounded else limits.REASON_MALFORMED

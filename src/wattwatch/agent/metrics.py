@@ -169,7 +169,8 @@ class _Families:
     refused: CounterMetricFamily = field(
         default_factory=lambda: CounterMetricFamily(
             "wattwatch_agent_refused",
-            "Spans and labels the local API refused (out of wattwatch.limits), by reason.",
+            "Records refused as out of bounds (wattwatch.limits), by reason: spans and labels at the local API, "
+            "the agent's own records at sealing.",
             labels=["host", "reason"],
         )
     )

@@ -5,7 +5,6 @@ of costing a whole batch later. Pure functions: the agent decides what to do wit
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 import time
@@ -24,8 +23,6 @@ JOB_ID = re.compile(r"^[A-Za-z0-9_.:@/-]{1,200}$")
 SPAN_KINDS = ("query", "step", "epoch")
 MAX_SPANS_PER_MESSAGE = 10_000
 _VIA = re.compile(r"^[a-z0-9_.-]{1,40}$")
-
-log = logging.getLogger(__name__)
 
 ResolveVisible = Callable[[str, Sequence[DeviceInfo]], list[str]]
 
@@ -138,23 +135,19 @@ def parse_spans(msg: Mapping[str, Any], *, now_s: float | None = None) -> tuple[
 
 
 class Refusals:
-    """What the local API refused, by reason (``limits.REASONS``): the agent's
-    ``wattwatch_agent_refused_total``. Thread-safe."""
+    """What the agent refused as out of bounds, by reason (``limits.REASONS``): spans and labels at the local
+    API, its own records at sealing (``agent.outbox``). The agent's ``wattwatch_agent_refused_total``.
+    Counts only: whoever refuses tells the caller or the log. Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
 
     def add(self, errors: Iterable[BoundError]) -> None:
-        """Count each refusal under its reason, and log it (at most one line per call)."""
-        errors = list(errors)
-        if not errors:
-            return
+        """Count each refusal under its reason."""
         with self._lock:
             for exc in errors:
                 self._counts[exc.reason] = self._counts.get(exc.reason, 0) + 1
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        log.warning("local API refused %s%s", errors[0], more)
 
     def counts(self) -> dict[str, int]:
         """reason -> refusals since the agent started."""

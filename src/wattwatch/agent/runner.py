@@ -220,7 +220,15 @@ class Agent:
         self._boot_id = read_boot_id(self.procfs.root)
         self._pid_starts = PidStarts(self.procfs)
         self._watch: dict[str, dict[int, int]] = {}  # re-adopted job -> pid -> start ticks, until they end
-        self.outbox = Outbox(self.spool, agent_id, self.host, self.sampler.wire_devices, clock, boot_id=self._boot_id)
+        self.outbox = Outbox(
+            self.spool,
+            agent_id,
+            self.host,
+            self.sampler.wire_devices,
+            clock,
+            boot_id=self._boot_id,
+            refused=self.refused.add,
+        )
         self._settler: ShareSettler | None = None
         if self.tracker is not None and self.tracker.weighs_by_utilization:
             self._settler = ShareSettler(

@@ -200,7 +200,10 @@ def decode_as(body: bytes, typ: type[T]) -> T:
         return msgspec.json.decode(body, type=typ)
     except msgspec.ValidationError as exc:
         field, message = _split_msgspec_error(str(exc))
-        raise WireError(field, message, _reason(field, message)) from None
+        reason = _reason(field, message)
+        if reason == limits.REASON_TIME and "<=" in message:
+            message += " (after 2286): times are Unix seconds (time.time()), not milliseconds"
+        raise WireError(field, message, reason) from None
     except msgspec.DecodeError as exc:
         raise WireError("body", f"not valid JSON: {exc}") from None
 

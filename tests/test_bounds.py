@@ -290,3 +290,20 @@ def test_the_window_is_the_collectors_option(tmp_path: Path, db_engine: Engine, 
         body = good_batch(1)
         _set("queries.0.t_start_s", 1000.0)(body)  # 1970: taken when the operator says so
         assert post(c, body).status_code == 200
+
+
+def test_the_window_options_say_what_to_fix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from wattwatch import cli
+    from wattwatch.config import load_settings
+    from wattwatch.errors import ConfigError
+
+    for flag, value, says in (("past", "nan", "not a finite duration"), ("future", "0", "must be positive")):
+        assert cli.main(["collector", f"--time-window-{flag}", value]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"--time-window-{flag}" in err and says in err
+    args = cli.build_parser().parse_args(["collector", "--time-window-past", "90d", "--time-window-future", "12h"])
+    assert cli._time_window_changes(args) == {"time_window_past_s": 90 * DAY_S, "time_window_future_s": 43200.0}
+    env = {"WATTWATCH_HOME": str(tmp_path), "WATTWATCH_TIME_WINDOW_PAST": "3600"}
+    assert load_settings(env).time_window() == limits.TimeWindow(3600.0, limits.DEFAULT_FUTURE_S)
+    with pytest.raises(ConfigError, match="--time-window-past"):
+        load_settings({**env, "WATTWATCH_TIME_WINDOW_PAST": "-1"}).time_window()

@@ -18,15 +18,9 @@ from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import tokens
 from wattwatch.storage.tables import hosts
-
-
-class Clock:
-    t_s = 0.0
-
-    def __call__(self) -> float:
-        return self.t_s
 
 
 def put(spool: Spool, host: str, energy_j: float = 100.0) -> int:
@@ -56,7 +50,7 @@ def test_a_cloned_spool_is_refused_loudly_and_nothing_of_it_is_stored(
     (tmp_path / "h2").mkdir()
     shutil.copyfile(tmp_path / "h1" / "spool.db", tmp_path / "h2" / "spool.db")  # the VM image, copied
     original, clone = Spool(tmp_path / "h1" / "spool.db"), Spool(tmp_path / "h2" / "spool.db")
-    clock = Clock()
+    clock = FakeClock(0.0)
     first = Pusher(original, "http://testserver", client=client, clock=clock)
     second = Pusher(clone, "http://testserver", client=client, clock=clock)
     assert first.push_pending() is True

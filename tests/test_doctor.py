@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from wattwatch.doctor import run_doctor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 FIXTURE = Path(__file__).parent / "fixtures" / "powercap"
 

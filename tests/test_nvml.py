@@ -14,22 +14,10 @@ import pytest
 from wattwatch.errors import ConfigError, DeviceLost, DeviceNotFound, NotSupported, PermissionDenied, SensorError
 from wattwatch.sensors.base import DeviceInfo, Sensor
 from wattwatch.sensors.nvml import NvmlSensor, nvml_errors, resolve_visible, translate_nvml_error
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
 
 T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    """Simulated time: ``sleep`` advances it instead of waiting."""
-
-    def __init__(self, t_s: float = T0) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-    def sleep(self, dt_s: float) -> None:
-        self.t_s += dt_s
 
 
 def rig(n: int = 3, seed: int = 3, **sensor_kwargs: Any) -> tuple[SimulatedFleet, FakeClock, NvmlSensor]:

@@ -3,9 +3,11 @@
 Runs the same discovery the agent runs (``sensors.discovery``), then describes every source: for
 each GPU its model, UUID, power limit, whether it has an energy counter (exact) and whether
 ``NVML_FI_DEV_POWER_INSTANT`` works; for RAPL its zones and how often they must be read; for an
-estimate the rule it uses. The exit code is 0 when nothing here needs fixing (absent hardware, such
-as no GPU or no RAPL in a VM, is not a problem) and 1 when a source exists but is unusable for a
-reason the user can fix (permissions, a failing driver, a GPU that cannot be opened).
+estimate the rule it uses. Given the agent's spool file, it also says how many batches wait and how
+many the collector refused for good (set aside, ``agent.poison``), why, and how to retry them. The
+exit code is 0 when nothing here needs fixing (absent hardware, such as no GPU or no RAPL in a VM, is
+not a problem) and 1 when a source exists but is unusable for a reason the user can fix (permissions,
+a failing driver, a GPU that cannot be opened) or batches are set aside.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.discovery import Discovery, discover
 
 if TYPE_CHECKING:
-    from wattwatch.sensors.simulated import SimulatedFleet
+    from wattwatch.sim.fleet import SimulatedFleet
 
 OK, SKIP, WARN = "ok  ", "skip", "FIX "
+LATEST_SET_ASIDE = 5  # reasons shown; `wattwatch spool list` shows them all
 
 
 def run_doctor(
@@ -28,11 +31,13 @@ def run_doctor(
     powercap_root: Path = Path("/sys/class/powercap"),
     nvml: Any | None = None,
     cpu_tdp_w: float | None = None,
+    spool_path: Path | None = None,
 ) -> tuple[str, int]:
     """The doctor's report as text, and the exit code (0: nothing to fix; 1: something to fix).
 
     ``simulate_fleet`` examines simulated GPUs instead of NVML; ``powercap_root`` and ``nvml`` (a
-    pynvml-like module) are the hardware boundaries, passed in so tests use fixtures.
+    pynvml-like module) are the hardware boundaries, passed in so tests use fixtures. ``spool_path``: the
+    agent's spool file, described when given.
     """
     found = discover(simulate_fleet=simulate_fleet, powercap_root=powercap_root, nvml=nvml, cpu_tdp_w=cpu_tdp_w)
     try:
@@ -40,6 +45,10 @@ def run_doctor(
     finally:
         for sensor in found.sensors:
             sensor.close()
+    if spool_path is not None:
+        spool_lines, spool_problems = describe_spool(spool_path)
+        lines += ["", "Agent spool", *spool_lines]
+        problems += spool_problems
     lines.append("")
     if problems:
         lines.append(f"{problems} problem(s) to fix (marked FIX above); wattwatch measures what it can meanwhile.")
@@ -117,3 +126,32 @@ def _describe_nvml(sensor: Any) -> tuple[list[str], int]:
         problems += 1
         lines.append(f"{WARN}  {'nvml':14s} GPU {index} is not measured: {why}")
     return lines, problems
+
+
+def describe_spool(path: Path) -> tuple[list[str], int]:
+    """Batches waiting in the agent's spool, and those set aside with their latest reasons (1 problem if any)."""
+    from wattwatch.agent.poison import describe
+    from wattwatch.agent.spool import Spool
+
+    if not path.is_file():
+        return [f"{SKIP}  {'spool':14s} no agent spool at {path} (no agent ran with this --home / WATTWATCH_HOME)"], 0
+    spool = Spool(path)
+    try:
+        pending, latest, n_aside = spool.pending(), spool.set_aside_batches(LATEST_SET_ASIDE), spool.dead()
+    finally:
+        spool.close()
+    waiting = f"{pending} batch(es) waiting to be pushed"
+    if not n_aside:
+        return [f"{OK}  {'spool':14s} {path}: {waiting}, none set aside"], 0
+    lines = [
+        f"{WARN}  {'spool':14s} {path}: {n_aside} batch(es) SET ASIDE (the collector refused them; kept, not "
+        f"stored); {waiting}",
+        f"      {'':14s} latest:",
+    ]
+    for batch in latest:
+        lines.append(f"      {'':14s}   seq {batch.seq}: {batch.reason.get('reason', '?')}, {describe(batch.reason)}")
+    lines.append(
+        f"      {'':14s} fix: remove the cause (often: upgrade the collector), then `wattwatch spool requeue --all` "
+        "(`wattwatch spool list` shows them all)"
+    )
+    return lines, 1

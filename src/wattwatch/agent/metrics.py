@@ -129,7 +129,16 @@ class _Families:
     )
     dead: GaugeMetricFamily = field(
         default_factory=lambda: GaugeMetricFamily(
-            "wattwatch_agent_spool_dead_batches", "Batches the collector refused for good, kept aside.", labels=["host"]
+            "wattwatch_agent_spool_dead_batches",
+            "Batches set aside in the spool: the collector refused them for good (`wattwatch spool list`).",
+            labels=["host"],
+        )
+    )
+    set_aside: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
+            "wattwatch_agent_batches_set_aside",
+            "Batches this agent set aside since it started, by reason (rejected, key_conflict, repeated_failure).",
+            labels=["host", "reason"],
         )
     )
     pushed: CounterMetricFamily = field(
@@ -217,6 +226,8 @@ class AgentCollector(Collector):
             out.spool.add_metric([host], float(pending))
             out.dead.add_metric([host], float(dead))
         stats = agent.pusher.stats
+        for reason, n in stats.set_aside.items():
+            out.set_aside.add_metric([host, reason], float(n))
         out.pushed.add_metric([host], float(stats.pushed))
         out.push_failures.add_metric([host], float(stats.failures))
         out.push_conflicts.add_metric([host], float(stats.conflicts))

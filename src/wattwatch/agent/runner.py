@@ -55,7 +55,7 @@ from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.scrape import Scraper
 from wattwatch.agent.sharing import ShareSettler
 from wattwatch.agent.sim_use import sim_gpu_use
-from wattwatch.agent.spool import Spool
+from wattwatch.agent.spool import SPOOL_FILE, Spool
 from wattwatch.agent.tracker import GpuProcesses, ProcessTracker, discovered_by
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
@@ -171,14 +171,18 @@ class Agent:
         self.fine_interval_s = fine_s if 0 < fine_s < self.interval_s else 0.0
         self.fine_tick_hold_s = self.options.fine_tick_hold_s
         self.registry = JobRegistry()
-        self.spool = Spool(settings.home / "spool.db")
+        self.spool = Spool(settings.home / SPOOL_FILE)
         agent_id = self.spool.meta("agent_id")
         if agent_id is None:
             agent_id = uuid.uuid4().hex
             self.spool.set_meta("agent_id", agent_id)
         self.agent_id = agent_id
         self.pusher = Pusher(
-            self.spool, settings.collector_url, token=settings.token, verify=client_verify(settings.ca_file)
+            self.spool,
+            settings.collector_url,
+            token=settings.token,
+            verify=client_verify(settings.ca_file),
+            poison_after=self.options.poison_after,
         )
         self.procfs = procfs or ProcFs(self.options.proc_root)
         self._owned_pods: KubeletPods | None = None
@@ -312,8 +316,9 @@ class Agent:
         self.seal()
         deadline = time.monotonic() + flush_timeout_s
         while self.spool.pending() and time.monotonic() < deadline:
-            if not self.pusher.push_pending(force=True):
-                time.sleep(0.2)
+            if self.pusher.push_pending(force=True):
+                break  # what is left waits for its own retry (agent.poison): the next start tries it again
+            time.sleep(0.2)
         left = self.spool.pending()
         if left:
             log.warning(

@@ -19,7 +19,8 @@ from itertools import pairwise
 
 from wattwatch.errors import SensorError
 from wattwatch.sensors.nvml_device import GpuDevice, NvmlReads
-from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S, Change, CounterRead
+from wattwatch.sensors.nvml_grid import Change, CounterRead
+from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 # period is not learned, UNLEARNED_WAIT_S (long enough for any refresh period up to half a second).
 WAIT_PERIODS = 2.5
 UNLEARNED_WAIT_S = 0.6
+# Calibration polls this many times as often as boundary reads (it runs rarely and briefly).
+CALIBRATION_PACE = 4
 
 
 @dataclass
@@ -179,8 +182,8 @@ class _Probe:
 class CounterPoller:
     """Polls GPUs' energy counters: boundary reads (``read_at``) and timing calibrations.
 
-    ``observe`` takes each counter value into the sensor's bookkeeping (reset detection); ``fail``
-    drops a GPU from this poll when a read raises (the sensor marks it lost or warns once);
+    Each counter value goes into the GPU's bookkeeping (``NvmlReads.observe``: resets); ``fail`` drops
+    a GPU from this poll when a read raises (the sensor marks it lost or warns once);
     ``between_polls`` runs after each round of polls (the sensor keeps integrating GPUs without a
     counter, whose own thread waits for the poll to end).
     """
@@ -190,25 +193,23 @@ class CounterPoller:
         reads: NvmlReads,
         sleep: Callable[[float], None],
         poll_interval_s: float,
-        observe: Callable[[GpuDevice, int, float], None],
         fail: Callable[[GpuDevice, SensorError], None],
         between_polls: Callable[[], None] = lambda: None,
     ) -> None:
         self.reads = reads
         self.sleep = sleep
         self.poll_interval_s = poll_interval_s
-        self.observe = observe
         self.fail = fail
         self.between_polls = between_polls
         # Polls are jittered so their brackets fall at varied offsets around the refreshes (a fixed pace
         # that divides the period would bracket every refresh the same way, and teach no more than one).
         self._rng = random.Random(0x7131)
 
-    def _pause(self, round_start_s: float) -> None:
-        """Wait until the next round of polls: ``poll_interval_s`` on average after this one began, or
-        at once when the calls themselves took that long (slow calls already widen the brackets)."""
+    def _pause(self, round_start_s: float, interval_s: float) -> None:
+        """Wait until the next round of polls: ``interval_s`` on average after this one began, or at
+        once when the calls themselves took that long (slow calls already widen the brackets)."""
         spent_s = self.reads.clock() - round_start_s
-        self.sleep(max(0.0, self.poll_interval_s * (0.5 + self._rng.random()) - spent_s))
+        self.sleep(max(0.0, interval_s * (0.5 + self._rng.random()) - spent_s))
 
     def calibrate(
         self,
@@ -216,7 +217,8 @@ class CounterPoller:
         done: Callable[[GpuDevice], None] = lambda dev: None,
         limit_s: float | None = None,
     ) -> None:
-        """Poll the counters of ``devs`` (all in one loop, every ``poll_interval_s``, for at most
+        """Poll the counters of ``devs`` (all in one loop, CALIBRATION_PACE times as often as a boundary
+        read polls: the brackets' width is what the period's precision comes down to; for at most
         ``limit_s`` or else ``CounterTiming.poll_limit_s``) until each has shown enough refreshes to
         place its phase (see ``CounterTiming.calibrated``); the instant power is read too, to learn
         whether it is live. ``done(dev)`` runs as soon as a device is calibrated (a tick read then needs
@@ -235,7 +237,8 @@ class CounterPoller:
         if limit_s is None:
             for dev in devs:
                 dev.timing.tried_s = start_s
-        polls_left = int(CALIBRATION_MAX_S / self.poll_interval_s) + 2  # a stuck clock cannot hang us
+        interval_s = self.poll_interval_s / CALIBRATION_PACE
+        polls_left = int(CALIBRATION_MAX_S / interval_s) + 2  # a stuck clock cannot hang us
         while pending and polls_left > 0:
             round_start_s = clock()
             for key, dev in list(pending.items()):
@@ -244,7 +247,7 @@ class CounterPoller:
                 watch_power = dev.has_instant and not dev.instant_live
                 try:
                     read = self.reads.counter(dev)
-                    self.observe(dev, read.raw_mj, read.end_s)
+                    self.reads.observe(dev, read.raw_mj, read.end_s)
                     power_w = self.reads.instant_power_w(dev) if watch_power else None
                 except SensorError as exc:
                     self.fail(dev, exc)
@@ -271,7 +274,7 @@ class CounterPoller:
                 del pending[key]
             if not pending:
                 break
-            self._pause(round_start_s)
+            self._pause(round_start_s, interval_s)
         elapsed_s = clock() - start_s
         for dev in devs:
             if limit_s is None:
@@ -319,14 +322,14 @@ class CounterPoller:
                         flags += ("period_unlearned",)
                     done[key] = (probe.dev.cumulative_j, flags)
                 break
-            self._pause(round_start_s)
+            self._pause(round_start_s, self.poll_interval_s)
         return done
 
     def _poll(self, probe: _Probe) -> Change | None:
         """One poll of one device: counter, then power; the refresh bracketed since the last poll, if any."""
         dev = probe.dev
         read = self.reads.counter(dev)
-        self.observe(dev, read.raw_mj, read.start_s)
+        self.reads.observe(dev, read.raw_mj, read.start_s)
         power_w, power_t_s = self.reads.timed_power_w(dev)
         last, probe.last = probe.last, read
         moved = last is not None and read.raw_mj > last.raw_mj  # a drop is a reset, not a refresh

@@ -224,6 +224,9 @@ class Agent:
         self._boot_id = read_boot_id(self.procfs.root)
         self._pid_starts = PidStarts(self.procfs)
         self._watch: dict[str, dict[int, int]] = {}  # re-adopted job -> pid -> start ticks, until they end
+        # Job id -> end events queued and not yet processed (local-API threads add, the worker removes).
+        self._ends_queued: dict[str, int] = {}
+        self._ends_lock = threading.Lock()
         self.outbox = Outbox(
             self.spool,
             agent_id,
@@ -384,6 +387,9 @@ class Agent:
         if not job_id:
             raise ConfigError("job_end needs the job's id")
         hook = self._hook
+        # Counted before it is queued, so before the reply lets the process exit (see _end_gone).
+        with self._ends_lock:
+            self._ends_queued[job_id] = self._ends_queued.get(job_id, 0) + 1
         t_s = self._put(_Event("end", 0.0, job_id=job_id), hook=(lambda t: hook.job_ended(job_id, t)) if hook else None)
         return {"ok": True, "id": job_id, "t_s": t_s}
 
@@ -471,6 +477,13 @@ class Agent:
             finally:
                 if event.kind == "fine":
                     self._fine_queued = False
+                if event.kind == "end":
+                    with self._ends_lock:
+                        left = self._ends_queued.get(event.job_id, 0) - 1
+                        if left > 0:
+                            self._ends_queued[event.job_id] = left
+                        else:
+                            self._ends_queued.pop(event.job_id, None)
                 if event.done is not None:
                     event.done.set()
             if event.kind == "stop":
@@ -595,6 +608,11 @@ class Agent:
                 continue
             if not gone(pids, self.procfs):
                 continue
+            with self._ends_lock:
+                if self._ends_queued.get(job_id):
+                    # It told us before exiting (its end is queued behind this tick, which was slow enough
+                    # to see the exit): that end, at its own boundary read, is the job's end.
+                    continue
             del self._watch[job_id]
             ended = None
             while ended is None and self.registry.get(job_id) is not None:

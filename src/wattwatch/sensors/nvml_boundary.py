@@ -179,6 +179,25 @@ class _Probe:
     power: PowerWatch = field(default_factory=PowerWatch)
 
 
+@dataclass(frozen=True)
+class _Pinned:
+    """A boundary read's polls, kept for the next one: a boundary at ``t_s`` pinned to the refresh at
+    ``t_u`` (bracketed from ``lo_s`` on), the cumulative ``u_j`` there, and the power it sampled."""
+
+    t_s: float
+    lo_s: float
+    t_u: float
+    u_j: float
+    boundary: BoundaryProbe
+    held: bool
+    period_s: float | None
+
+    def covers(self, t_s: float) -> bool:
+        """Whether a boundary at ``t_s`` lies where these polls saw it: after this one's boundary, before
+        the refresh they pinned it to (so polling again would start past that refresh, too late)."""
+        return self.t_s <= t_s <= self.lo_s
+
+
 class CounterPoller:
     """Polls GPUs' energy counters: boundary reads (``read_at``) and timing calibrations.
 
@@ -204,6 +223,9 @@ class CounterPoller:
         # Polls are jittered so their brackets fall at varied offsets around the refreshes (a fixed pace
         # that divides the period would bracket every refresh the same way, and teach no more than one).
         self._rng = random.Random(0x7131)
+        # Per GPU, the last boundary read's polls: a boundary right behind it (two jobs ending together)
+        # is pinned from them, as that read would have pinned it.
+        self._pinned: dict[str, _Pinned] = {}
 
     def _pause(self, round_start_s: float, interval_s: float) -> None:
         """Wait until the next round of polls: ``interval_s`` on average after this one began, or at
@@ -286,6 +308,16 @@ class CounterPoller:
     def boundary(self, devs: list[GpuDevice], t_s: float) -> dict[str, tuple[float, tuple[str, ...]]]:
         """E(t_s) and flags per device in ``devs`` (counter devices): see ``NvmlSensor.read_at``."""
         clock = self.reads.clock
+        done: dict[str, tuple[float, tuple[str, ...]]] = {}
+        for dev in devs:
+            last = self._pinned.get(dev.key)
+            if last is not None and last.covers(t_s):
+                # The refresh after t_s passed while the last read polled: polling now would start too late
+                # and extrapolate back over it, across whatever load changed meanwhile.
+                done[dev.key] = pin_boundary(
+                    last.boundary, last.u_j, t_s, last.t_u, last.held, last.period_s, self.poll_interval_s
+                )
+        devs = [d for d in devs if d.key not in done]
         probes = {d.key: _Probe(d, d.timing.new_run()) for d in devs}
         start_s = clock()
         waits = {}
@@ -295,7 +327,6 @@ class CounterPoller:
         deadline_s = max(start_s, t_s) + max(waits.values(), default=0.0)
         # Also bound the number of polls, so a clock that does not move cannot hang the agent.
         polls_left = 2 * int((deadline_s - start_s) / self.poll_interval_s) + 10
-        done: dict[str, tuple[float, tuple[str, ...]]] = {}
         while probes:
             round_start_s = clock()
             for key, probe in list(probes.items()):
@@ -306,7 +337,7 @@ class CounterPoller:
                     del probes[key]
                     continue
                 if change is not None and change.lo_s >= t_s:
-                    done[key] = self._pin(probe, t_s, change.at_s)
+                    done[key] = self._pin(probe, t_s, change)
                     del probes[key]
             if not probes:
                 break
@@ -347,8 +378,20 @@ class CounterPoller:
         dev.timing.add(change, probe.run)
         return change
 
-    def _pin(self, probe: _Probe, t_s: float, t_u: float) -> tuple[float, tuple[str, ...]]:
-        """E(t_s) from the counter update at ``t_u`` and the power sampled while polling."""
+    def _pin(self, probe: _Probe, t_s: float, change: Change) -> tuple[float, tuple[str, ...]]:
+        """E(t_s) from the counter update ``change`` and the power sampled while polling; the polls are
+        kept for a boundary that follows before that update (``_Pinned``)."""
         dev = probe.dev
-        held = not dev.instant_live and dev.instant_held
-        return pin_boundary(probe.boundary, dev.cumulative_j, t_s, t_u, held, dev.timing.period_s, self.poll_interval_s)
+        pinned = _Pinned(
+            t_s=t_s,
+            lo_s=change.lo_s,
+            t_u=change.at_s,
+            u_j=dev.cumulative_j,
+            boundary=probe.boundary,
+            held=not dev.instant_live and dev.instant_held,
+            period_s=dev.timing.period_s,
+        )
+        self._pinned[dev.key] = pinned
+        return pin_boundary(
+            pinned.boundary, pinned.u_j, t_s, pinned.t_u, pinned.held, pinned.period_s, self.poll_interval_s
+        )

@@ -286,6 +286,26 @@ def test_parameters_outside_the_document_are_422_naming_them(served: Served) -> 
         assert r.status_code == 200, (since, r.text)
 
 
+def test_a_job_id_with_a_slash_is_addressable(served: Served) -> None:
+    # Found by schemathesis' stateful run: ids may hold "/" (agents name Kubernetes jobs "ns/name"), and a
+    # job the API creates must be one it can read, end and give spans.
+    client, auth = served.client, bearer(served.token)
+    r = client.post(
+        "/api/v1/jobs", json={"id": "ns/pod-1", "name": "p", "host": "h1", "started_at_s": T0}, headers=auth
+    )
+    assert r.status_code == 200 and r.json()["id"] == "ns/pod-1"
+    for path in ("/api/v1/jobs/ns/pod-1", "/api/v1/jobs/ns%2Fpod-1"):
+        r = client.get(path, headers=auth)
+        assert r.status_code == 200 and r.json()["id"] == "ns/pod-1", path
+    r = client.post(
+        "/api/v1/jobs/ns/pod-1/queries", json={"queries": [{"t_start_s": T0, "t_end_s": T0 + 1}]}, headers=auth
+    )
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    r = client.post("/api/v1/jobs/ns/pod-1/end", json={"ended_at_s": T0 + 5}, headers=auth)
+    assert r.status_code == 200 and r.json()["ended_at_s"] == T0 + 5
+    assert client.get("/api/v1/jobs/ns/pod-2", headers=auth).status_code == 404
+
+
 def test_framework_errors_answer_the_error_body(served: Served) -> None:
     client, admin = served.client, served.token
     r = client.delete("/api/v1/jobs", headers=bearer(admin))

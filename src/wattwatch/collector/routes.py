@@ -34,6 +34,8 @@ T = TypeVar("T")
 # Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
 MAX_BATCH_BYTES = 64 << 20
 JobId = contract.JobId
+# Job ids may hold "/" (a wire Key: agents name Kubernetes jobs "ns/name"), so routes take the id as a
+# ``path``: /api/v1/jobs/ns/name/end ends job "ns/name". The document still says ``{job_id}``.
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         return _job_or_404(ctx, job.id, carbon)
 
     @router.post(
-        "/api/v1/jobs/{job_id}/end",
+        "/api/v1/jobs/{job_id:path}/end",
         openapi_extra=_body("JobEnd", required=False),
         responses=contract.responses("JobEntry", 404, 422, 503),
         response_model=None,
@@ -218,7 +220,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         return _job_or_404(ctx, job_id, carbon)
 
     @router.post(
-        "/api/v1/jobs/{job_id}/queries",
+        "/api/v1/jobs/{job_id:path}/queries",
         openapi_extra=_body("QueriesIn"),
         responses=contract.responses("QueriesResult", 404, 409, 413, 415, 422, 503),
         response_model=None,
@@ -291,7 +293,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         return {"jobs": jobs}
 
     @router.get(
-        "/api/v1/jobs/{job_id}",
+        "/api/v1/jobs/{job_id:path}",
         dependencies=guarded,
         responses=contract.responses("JobEntry", 404, 422, 503),
         response_model=None,

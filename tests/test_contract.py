@@ -34,7 +34,7 @@ from wattwatch.storage import migrate, tokens
 from wattwatch.storage.engine import make_engine
 from wattwatch.units import JOB_KINDS
 
-MAX_EXAMPLES = int(os.environ.get("WATTWATCH_CONTRACT_EXAMPLES", "40"))
+MAX_EXAMPLES = int(os.environ.get("WATTWATCH_CONTRACT_EXAMPLES", "60"))
 SEED = int(os.environ.get("WATTWATCH_CONTRACT_SEED", "1"))
 # A positive case schemathesis makes may still break a rule JSON Schema cannot state: an end before its
 # start, a span whose job differs from the path's, a whole number written as 1.0 where an integer goes.

@@ -3,6 +3,6 @@ simulator's module moves, this import is the one line to change."""
 
 from __future__ import annotations
 
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 __all__ = ["SimulatedFleet"]

@@ -33,10 +33,11 @@ from accuracy_methods import (
     wattwatch,
 )
 from accuracy_rapl import JOB_S, MAX_POWER_W, RANGE_UJ, derived_poll_interval_s, run_rapl
-from accuracy_traces import T_START, FakeClock, Trace, gpu_traces, play, quick_traces
+from accuracy_traces import T_START, Trace, gpu_traces, play, quick_traces
 
-from wattwatch.sensors.generations import generation as resolve_generation
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
+from wattwatch.sim.generations import generation as resolve_generation
 
 COUNTER_BOUND = 0.005  # counter path: <= 0.5 % on every job >= 1 s
 RESET_BOUND = 0.02  # a counter reset mid-job: within 2 %

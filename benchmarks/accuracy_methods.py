@@ -29,10 +29,11 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from accuracy_traces import T_START, FakeClock
+from accuracy_traces import T_START
 
 from wattwatch.sensors.nvml import POWER_SAMPLE_INTERVAL_S, NvmlSensor, jittered_interval_s
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
 
 TICK_S = 1.0  # the agent's default interval
 MAX_LATENCY_S = 0.005  # the agent's worker reaches a boundary within a few ms of it

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from itertools import accumulate
 from pathlib import Path
 
-from accuracy_traces import T_START, FakeClock
+from accuracy_traces import T_START
 
 from wattwatch.sensors.rapl import RaplSensor
+from wattwatch.sim.clock import FakeClock
 
 RANGE_UJ = 2**32
 MAX_POWER_W = 400.0
@@ -113,7 +114,7 @@ def run_rapl() -> tuple[float, list[tuple[str, float | str, bool]]]:
             package = Package(root)
             exact_j = package.energy_j(JOB_START_S + JOB_S) - package.energy_j(JOB_START_S)
             try:
-                measured_j, flagged = method(package, root, FakeClock())
+                measured_j, flagged = method(package, root, FakeClock(T_START))
             except ImportError as exc:
                 rows.append((name, f"unavailable ({exc})", False))
                 continue
@@ -125,4 +126,4 @@ def derived_poll_interval_s() -> float:
     """The sensor's ``max_poll_interval_s`` for this package (for the table's caption)."""
     with tempfile.TemporaryDirectory(prefix="wattwatch-rapl-") as tmp:
         Package(Path(tmp))
-        return RaplSensor(Path(tmp), FakeClock()).max_poll_interval_s
+        return RaplSensor(Path(tmp), FakeClock(T_START)).max_poll_interval_s

@@ -11,26 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 T_START = 1_700_000_000.0  # the fake clock's origin (the fleet is created then)
 FIRST_JOB_S = 2.3  # the first job starts this long after T_START
 GAP_S = 1.7  # idle between jobs
 SQUARE_LOW_W, SQUARE_HIGH_W = 150.0, 650.0
-
-
-class FakeClock:
-    """Simulated time: ``sleep`` advances it instead of waiting."""
-
-    def __init__(self, t_s: float = T_START) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-    def sleep(self, dt_s: float) -> None:
-        """Advance by ``dt_s``."""
-        self.t_s += dt_s
 
 
 @dataclass(frozen=True)
@@ -68,7 +54,7 @@ def job_windows(trace: Trace) -> list[tuple[float, float]]:
 def play(fleet: SimulatedFleet, index: int, trace: Trace) -> list[tuple[float, float]]:
     """Schedule ``trace`` on board ``index`` of ``fleet``; returns the job windows."""
     windows = job_windows(trace)
-    period_s = fleet.generation.update_period_s
+    period_s = fleet.refresh_period_s(index)
     for j, (start_s, end_s) in enumerate(windows):
         pid = 1000 + j
         if trace.kind == "square":

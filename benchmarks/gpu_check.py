@@ -36,22 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from wattwatch.sensors.nvml import POWER_SAMPLE_INTERVAL_S, NvmlSensor, jittered_interval_s
+from wattwatch.sim.clock import FakeClock
 
 Sample = tuple[float, float]  # (t_s, value)
-
-
-class FakeClock:
-    """Simulated time for ``--simulate``: ``sleep`` advances it instead of waiting."""
-
-    def __init__(self, t_s: float) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-    def sleep(self, dt_s: float) -> None:
-        """Advance by ``dt_s``."""
-        self.t_s += max(0.0, dt_s)
 
 
 class Scheduler:
@@ -470,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     if args.simulate:
-        from wattwatch.sensors.simulated import SimulatedFleet
+        from wattwatch.sim.fleet import SimulatedFleet
 
         fake = FakeClock(1_700_000_000.0)
         fleet = SimulatedFleet(1, clock=fake, generation=args.generation)

@@ -51,7 +51,8 @@ from wattwatch import wire
 from wattwatch.accounting.spans import split_job_energy
 from wattwatch.agent.sampler import Sampler
 from wattwatch.sensors.nvml import NvmlSensor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage import migrate
 from wattwatch.storage.engine import make_engine
 from wattwatch.storage.repository import ingest_batch
@@ -63,19 +64,6 @@ INTERVALS_S = (1.0, 0.5, 0.2, 0.1)
 DRIVER_LOADED_BEFORE_S = 600.0  # the counter is large, as on any running host
 TIMER_LATE_S = 0.002  # how late the agent's tick timer may wake up
 CHUNK = 2000  # intervals or spans per batch, as an agent sends them over several pushes
-
-
-class FakeClock:
-    """Simulated time: ``sleep`` advances it (the sensor's polls cost no real time)."""
-
-    def __init__(self, t_s: float) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-    def sleep(self, dt_s: float) -> None:
-        self.t_s += dt_s
 
 
 def poisson_spans(rng: random.Random, rate_hz: float, t0: float, t1: float) -> list[tuple[float, float]]:

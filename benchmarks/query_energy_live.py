@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exact_split import exact_request_energy, quantile
 from mdtable import command, paragraph, percent, table
 
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 SERVER = textwrap.dedent(
     """

@@ -24,6 +24,7 @@ from wattwatch.config import Settings
 from wattwatch.sdk import AgentClient
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.rapl import RaplSensor
+from wattwatch.sim.clock import FakeClock
 
 
 class LinearSensor:
@@ -63,20 +64,12 @@ class LinearSensor:
         pass
 
 
-class FakeClock:
-    def __init__(self, t_s: float = 1000.0) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-
 def no_jobs(device: DeviceInfo, t_start_s: float, t_end_s: float) -> tuple[dict[str, float], float]:
     return {}, 0.0
 
 
 def test_sampler_intervals_are_contiguous_and_carry_shares() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     sampler = Sampler([LinearSensor({"gpu0": 100.0, "gpu1": 50.0}, clock)])
     assert sampler.sample(no_jobs) == []  # the first reading is the baseline
     clock.t_s += 1.0
@@ -92,7 +85,7 @@ def test_sampler_intervals_are_contiguous_and_carry_shares() -> None:
 
 
 def test_sampler_moves_a_late_boundary_onto_the_last_reading_and_survives_a_broken_sensor() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     good = LinearSensor({"gpu0": 100.0}, clock)
     bad = LinearSensor({"cpu0": 10.0}, clock)
     sampler = Sampler([good, bad])
@@ -136,7 +129,7 @@ def test_spool_survives_reopen_and_never_reuses_a_seq(tmp_path: Path) -> None:
     for seq in seqs:
         spool.put(seq, f"body{seq}".encode(), 1.0)
     spool.ack(seqs[0])
-    spool.bury(seqs[1], "HTTP 422")
+    assert spool.set_aside(seqs[1], {"reason": "rejected", "status": 422})
     spool.close()
     again = Spool(tmp_path / "spool.db")
     assert again.peek() == [(seqs[2], f"body{seqs[2]}".encode())]
@@ -349,11 +342,12 @@ def test_record_span_never_raises_into_the_workload(tmp_path: Path) -> None:
     import wattwatch.sdk as sdk
 
     sdk._warned = False
+    sdk._refused.clear()  # the first refusal of a reason warns
     client = AgentClient(tmp_path / "nothing.sock")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sdk.record_span("query", 1.0, 2.0, tokens_in="many", job_id="j", client=client)  # type: ignore[arg-type]
-    assert any("could not record a span" in str(w.message) for w in caught)
+    assert any("span was dropped" in str(w.message) for w in caught)  # limits.check_span refused it
 
 
 def test_cpu_meter_reads_job_trees_from_proc(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.nvml import NvmlSensor, resolve_visible
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.standalone import Collector
 
 AGENT_FAMILIES = {
@@ -40,12 +40,14 @@ AGENT_FAMILIES = {
     "wattwatch_agent_jobs": "gauge",
     "wattwatch_agent_spool_batches": "gauge",
     "wattwatch_agent_spool_dead_batches": "gauge",
+    "wattwatch_agent_batches_set_aside": "counter",
     "wattwatch_agent_batches_pushed": "counter",
     "wattwatch_agent_push_failures": "counter",
     "wattwatch_agent_push_conflicts": "counter",
     "wattwatch_agent_last_push_timestamp_seconds": "gauge",
     "wattwatch_agent_sample_duration_seconds": "histogram",
     "wattwatch_agent_sensor_errors": "counter",
+    "wattwatch_agent_refused": "counter",
 }
 DCGM_LABELS = ("UUID", "modelName")  # camelCase on purpose: joins with dcgm-exporter's series
 
@@ -234,6 +236,8 @@ def test_spool_grows_while_the_collector_is_away_then_drains_into_a_real_one(
             collector.stop()
     assert value(text, "wattwatch_agent_spool_batches", host="h") == 0
     assert value(text, "wattwatch_agent_spool_dead_batches", host="h") == 1
+    assert value(text, "wattwatch_agent_batches_set_aside_total", host="h", reason="rejected") == 1
+    assert value(text, "wattwatch_agent_batches_set_aside_total", host="h", reason="repeated_failure") == 0
     assert value(text, "wattwatch_agent_batches_pushed_total", host="h") == 3
     assert value(text, "wattwatch_agent_push_failures_total", host="h") == 3
     assert before_s <= value(text, "wattwatch_agent_last_push_timestamp_seconds", host="h") <= time.time()

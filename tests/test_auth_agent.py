@@ -12,21 +12,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from test_storage import T0, batch, iv, row_counts
+from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import tokens
 from wattwatch.storage.tables import hosts
-
-
-class Clock:
-    t_s = 0.0
-
-    def __call__(self) -> float:
-        return self.t_s
 
 
 def put(spool: Spool, host: str, energy_j: float = 100.0) -> int:
@@ -41,7 +35,7 @@ def put(spool: Spool, host: str, energy_j: float = 100.0) -> int:
 
 @pytest.fixture
 def client(tmp_path: Path, db_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(Settings(home=tmp_path), db_engine, span_energy_interval_s=None)
+    app = create_app(Settings(home=tmp_path, time_window_past_s=WIDE_WINDOW_S), db_engine, span_energy_interval_s=None)
     with TestClient(app) as c:
         yield c
 
@@ -56,7 +50,7 @@ def test_a_cloned_spool_is_refused_loudly_and_nothing_of_it_is_stored(
     (tmp_path / "h2").mkdir()
     shutil.copyfile(tmp_path / "h1" / "spool.db", tmp_path / "h2" / "spool.db")  # the VM image, copied
     original, clone = Spool(tmp_path / "h1" / "spool.db"), Spool(tmp_path / "h2" / "spool.db")
-    clock = Clock()
+    clock = FakeClock(0.0)
     first = Pusher(original, "http://testserver", client=client, clock=clock)
     second = Pusher(clone, "http://testserver", client=client, clock=clock)
     assert first.push_pending() is True
@@ -111,7 +105,8 @@ def test_a_token_for_another_host_is_said_plainly_and_the_batches_wait(tmp_path:
     spool = Spool(tmp_path / "s.db")
     spool.set_meta("agent_id", "a1")
     put(spool, "h1")
-    with TestClient(create_app(Settings(home=tmp_path), db_engine, span_energy_interval_s=None)) as client:
+    settings = Settings(home=tmp_path, time_window_past_s=WIDE_WINDOW_S)
+    with TestClient(create_app(settings, db_engine, span_energy_interval_s=None)) as client:
         pusher = Pusher(spool, "http://testserver", client=client, token=token)
         assert pusher.push_pending() is False
     assert "HTTP 403: host: this agent token is for host 'h2', not 'h1'" in pusher.stats.last_error

@@ -20,7 +20,7 @@ import mdtable
 import query_energy
 import query_energy_live
 
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 T0 = 1_700_000_000.0
 

@@ -49,6 +49,10 @@ def test_every_command_has_help_with_an_example(command: list[str], capsys: pyte
         (["agent", "--scrape", "bogus"], "PRESET:URL"),
         (["up", "--kubelet-url", "ftp://kubelet"], "not a URL"),
         (["agent", "--fine-interval", "-1"], "fine tick"),
+        (["agent", "--simulate", "1", "--sim-flaws", "fancy"], "--sim-flaws"),
+        (["agent", "--simulate", "1", "--sim-flaws", "noise_w=loud"], "noise_w"),
+        (["up", "--sim-flaws", "realistic"], "--simulate"),
+        (["demo", "--sim-flaws", "refresh_ms=0.1"], "refresh"),
         (["bogus"], "invalid choice"),
     ],
 )
@@ -130,6 +134,11 @@ def test_doctor_on_simulated_pre_volta_boards_says_there_is_no_energy_counter(
     out = capsys.readouterr().out
     assert out.count("energy counter: NO") == 2
     assert "SIMULATED" in out
+
+
+def test_doctor_examines_simulated_boards_with_flaws(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--simulate", "2", "--sim-flaws", "refresh_ms=20,latency_ms=0.2"]) == 0
+    assert "SIMULATED" in capsys.readouterr().out
 
 
 def test_doctor_rejects_an_unknown_generation(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,37 +17,36 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
 from procs import promtool_check
-from test_storage import T0, batch, iv, row_counts
+from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 
 
-class Clock:
-    """A settable clock, so receive times and metrics retention are deterministic."""
-
-    def __init__(self, now_s: float) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path, grid_intensity_g_per_kwh=400.0, pue=1.0, metrics_retention_s=3600.0)
+    # The data is from T0 (2023) and some apps here run on the real clock: accept any time (test_bounds tests
+    # the window).
+    return Settings(
+        home=tmp_path,
+        grid_intensity_g_per_kwh=400.0,
+        pue=1.0,
+        metrics_retention_s=3600.0,
+        time_window_past_s=WIDE_WINDOW_S,
+    )
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock(T0 + 100)
+def clock() -> FakeClock:
+    return FakeClock(T0 + 100)
 
 
 @pytest.fixture
-def client(settings: Settings, db_engine: Engine, clock: Clock) -> Iterator[TestClient]:
+def client(settings: Settings, db_engine: Engine, clock: FakeClock) -> Iterator[TestClient]:
     # No timer: tests run the span-energy pass themselves, so what they read never depends on timing.
     with TestClient(create_app(settings, db_engine, clock=clock, span_energy_interval_s=None)) as c:
         yield c
@@ -73,7 +72,7 @@ def sample_batch(seq: int = 1) -> wire.Batch:
     )
 
 
-def test_ingest_duplicate_and_report(client: TestClient, db_engine: Engine, clock: Clock) -> None:
+def test_ingest_duplicate_and_report(client: TestClient, db_engine: Engine, clock: FakeClock) -> None:
     r = post_batch(client, sample_batch())
     assert r.status_code == 200, r.text
     assert r.json() == {"accepted": True, "duplicate": False, "intervals": 20}
@@ -139,7 +138,7 @@ def test_not_json_is_422(client: TestClient, db_engine: Engine) -> None:
     assert sum(row_counts(db_engine).values()) == 0
 
 
-def test_job_routes(client: TestClient, clock: Clock) -> None:
+def test_job_routes(client: TestClient, clock: FakeClock) -> None:
     start = {"id": "srv-1", "name": "vllm", "kind": "inference", "started_at_s": T0, "host": "h1", "labels": {"m": "x"}}
     r = client.post("/api/v1/jobs", json=start)
     assert r.status_code == 200, r.text
@@ -158,7 +157,7 @@ def test_job_routes(client: TestClient, clock: Clock) -> None:
 
     ended = client.post("/api/v1/jobs/srv-1/end", json={"ended_at_s": T0 + 50})
     assert ended.json()["ended_at_s"] == T0 + 50
-    clock.now_s = T0 + 60
+    clock.t_s = T0 + 60
     client.post("/api/v1/jobs", json={**start, "id": "t-2", "kind": "training", "started_at_s": T0 + 10})
     assert client.post("/api/v1/jobs/t-2/end").json()["ended_at_s"] == T0 + 60  # no body: now
 
@@ -190,9 +189,9 @@ def test_bad_query_params_are_422_naming_the_param(client: TestClient, path: str
     assert field in r.json()["error"]
 
 
-def test_report_params(client: TestClient, clock: Clock) -> None:
+def test_report_params(client: TestClient, clock: FakeClock) -> None:
     post_batch(client, sample_batch())
-    clock.now_s = T0 + 10 * 86400
+    clock.t_s = T0 + 10 * 86400
     assert client.get("/api/v1/report?since=7d").json()["jobs"][0]["id"] == "train-1"  # still running
     assert client.get("/api/v1/report?kind=inference").json()["jobs"] == []
     assert client.get("/api/v1/report?job=train-1").json()["jobs"][0]["duration_s"] == 10 * 86400
@@ -243,8 +242,8 @@ def _families(text: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
-    clock.now_s = T0 + 12  # the batch's ticks end at T0 + 10: its host pushed them 2 s ago
+def test_metrics(client: TestClient, clock: FakeClock, tmp_path: Path) -> None:
+    clock.t_s = T0 + 12  # the batch's ticks end at T0 + 10: its host pushed them 2 s ago
     post_batch(client, sample_batch())
     post_batch(client, sample_batch())  # duplicate
     client.post("/api/v1/jobs/train-1/queries", json={"queries": [{"t_start_s": T0, "t_end_s": T0 + 1}] * 3})
@@ -296,19 +295,19 @@ def test_metrics(client: TestClient, clock: Clock, tmp_path: Path) -> None:
     assert not any("job" in s.labels for f in fams.values() for s in f.samples)
 
     # A minute without a batch from its host: the job's power is unknown, not frozen at its last value.
-    clock.now_s = T0 + 10 + 61
+    clock.t_s = T0 + 10 + 61
     assert "wattwatch_job_power_watts{" not in client.get("/metrics").text
 
     # A finished job leaves /metrics once the retention has passed; the host total keeps its energy.
     client.post("/api/v1/jobs/train-1/end", json={"ended_at_s": T0 + 10})
-    clock.now_s = T0 + 10 + 3600 + 1
+    clock.t_s = T0 + 10 + 3600 + 1
     later = client.get("/metrics").text
     assert 'job_id="train-1"' not in later
     assert 'wattwatch_host_energy_joules_total{device="gpu0",device_kind="gpu",host="h1"} 3000.0' in later
     promtool_check(r.text)
 
 
-def test_metric_labels_allow_list(settings: Settings, db_engine: Engine, clock: Clock) -> None:
+def test_metric_labels_allow_list(settings: Settings, db_engine: Engine, clock: FakeClock) -> None:
     # Only the labels the operator names become metric labels; a job without one gets "".
     labelled = replace(settings, metric_labels="team,app.kubernetes.io/name")
     with TestClient(create_app(labelled, db_engine, clock=clock, span_energy_interval_s=None)) as c:
@@ -339,7 +338,7 @@ def test_metric_labels_allow_list(settings: Settings, db_engine: Engine, clock: 
 
 
 @pytest.mark.postgres
-def test_replicas_export_database_totals_once(settings: Settings, pg_url: str, clock: Clock) -> None:
+def test_replicas_export_database_totals_once(settings: Settings, pg_url: str, clock: FakeClock) -> None:
     # Two collectors on one PostgreSQL: exactly one exports the totals, so summing over replicas is exact;
     # when it goes away, the other takes over on its next scrape.
     engines = [make_engine(pg_url), make_engine(pg_url)]
@@ -374,7 +373,7 @@ def test_apps_do_not_share_metrics(settings: Settings, db_engine: Engine) -> Non
 
 
 def test_spans_endpoint_takes_thousands_per_call_validates_all_first_and_feeds_the_pass(
-    client: TestClient, db_engine: Engine, clock: Clock
+    client: TestClient, db_engine: Engine, clock: FakeClock
 ) -> None:
     start = {"id": "srv", "name": "vllm", "kind": "inference", "started_at_s": T0, "host": "h1"}
     assert client.post("/api/v1/jobs", json=start).status_code == 200
@@ -405,7 +404,7 @@ def test_spans_endpoint_takes_thousands_per_call_validates_all_first_and_feeds_t
     ticks = [iv("gpu0", T0 + t, 100.0, {"srv": 1.0}) for t in range(500)]
     assert post_batch(client, batch(1, intervals=ticks)).status_code == 200
     assert client.get("/api/v1/jobs/srv").json()["queries_settled"] == 0
-    clock.now_s = T0 + 1000
+    clock.t_s = T0 + 1000
     compute_spans(client)
     job = client.get("/api/v1/jobs/srv").json()
     # Five queries in flight at every instant of [T0 + 0.5, T0 + 500): 100 W / 5 x 0.5 s = 10 J each.
@@ -419,7 +418,7 @@ def test_spans_endpoint_takes_thousands_per_call_validates_all_first_and_feeds_t
 
 def test_span_energy_runs_on_a_timer_and_once_more_at_shutdown(settings: Settings, db_engine: Engine) -> None:
     queries = [wire.Query(job="train-1", t_start_s=T0 + t, t_end_s=T0 + t + 1) for t in range(10)]
-    clock = Clock(T0 + 100)
+    clock = FakeClock(T0 + 100)
     app = create_app(settings, db_engine, clock=clock, span_energy_interval_s=0.05, span_energy_settle_s=1.0)
     with TestClient(app) as c:
         assert app.state.wattwatch.span_energy.running
@@ -443,9 +442,9 @@ def test_span_energy_runs_on_a_timer_and_once_more_at_shutdown(settings: Setting
         create_app(settings, db_engine, span_energy_interval_s=0.0)
 
 
-def test_phases_are_shown_with_their_job(client: TestClient, clock: Clock) -> None:
+def test_phases_are_shown_with_their_job(client: TestClient, clock: FakeClock) -> None:
     # The energy a job's process drew before the job opened is the job's setup phase, not a job series.
-    clock.now_s = T0 + 3
+    clock.t_s = T0 + 3
     setup = {wire.PHASE_LABEL: "setup", wire.PHASE_OF_LABEL: "srv"}
     b = batch(
         1,

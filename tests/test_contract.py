@@ -26,7 +26,7 @@ from schemathesis.config import SchemathesisConfig
 from sqlalchemy import Engine
 
 from test_storage import CPU, GPUS, T0, batch, iv
-from wattwatch import wire
+from wattwatch import limits, wire
 from wattwatch.collector import create_app
 from wattwatch.collector.contract import BEARER, OPEN_PATHS, SINCE_PATTERN
 from wattwatch.config import Settings
@@ -146,7 +146,10 @@ class Served:
 @pytest.fixture
 def served(tmp_path: Path, db_engine: Engine) -> Iterator[Served]:
     admin = tokens.create_token(db_engine, "admin")[1]
-    app = create_app(Settings(home=tmp_path), db_engine, span_energy_interval_s=None)
+    # The time window (limits.TimeWindow, tests/test_bounds.py) is a setting, not part of the document: opened
+    # to every time the document allows, so schema-valid writes are stored and reach the database code.
+    wide = {"time_window_past_s": limits.MAX_EPOCH_S, "time_window_future_s": limits.MAX_EPOCH_S}
+    app = create_app(Settings(home=tmp_path, **wide), db_engine, span_energy_interval_s=None)
     with TestClient(app) as client:
         seed(client, admin)
         ROUTER.app, ROUTER.token = app, admin

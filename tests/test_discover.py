@@ -22,7 +22,7 @@ from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.nvml import NvmlSensor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROC = FIXTURES / "proc"

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from wattwatch.sensors.discovery import discover
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 FIXTURE = Path(__file__).parent / "fixtures" / "powercap"
 

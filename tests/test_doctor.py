@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import shutil
 from pathlib import Path
 
@@ -9,7 +11,8 @@ import pynvml
 import pytest
 
 from wattwatch.doctor import run_doctor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
+from wattwatch.sim.generations import H100
 
 FIXTURE = Path(__file__).parent / "fixtures" / "powercap"
 
@@ -95,3 +98,37 @@ def test_a_gpu_that_cannot_be_opened_is_a_problem_and_the_others_are_listed(tmp_
     assert code == 1
     assert "2 SIMULATED GPUs" in text and "gpu0 " in text and "gpu2 " in text
     assert "FIX   nvml           GPU 1 is not measured" in text and "fell off the bus" in text
+
+
+def test_doctor_prints_the_timings_it_learned_from_each_gpu(tmp_path: Path) -> None:
+    # A 20 ms board the sensor was never told about; a process was busy on it before the doctor ran.
+    fleet = SimulatedFleet(1, seed=3, generation=dataclasses.replace(H100, update_period_s=0.02))
+    now_s = fleet.clock()
+    fleet.set_activity(0, "training", now_s - 5.0, pid=42)
+    fleet.set_process_utilization(0, 42, 60.0, now_s - 5.0)
+    text, code = run_doctor(simulate_fleet=fleet, powercap_root=tmp_path)
+    assert code == 0, text
+    refresh = re.search(r"counter refresh: every ([\d.]+) ms \(±([\d.]+) ms\), from (\d+) seen", text)
+    assert refresh is not None, text
+    assert float(refresh[1]) == pytest.approx(20.0, rel=0.02) and float(refresh[2]) < 0.4 and int(refresh[3]) >= 10
+    assert "next refresh placed within ±" in text
+    assert "instant power: live (it changes between counter refreshes)" in text
+    samples = re.search(r"per-process samples: every ([\d.]+) ms", text)
+    assert samples is not None and float(samples[1]) == pytest.approx(1000 / 6, rel=0.01), text
+    latency = re.search(r"NVML call latency: median ([\d.]+) ms, p95 ([\d.]+) ms \(over (\d+) reads\)", text)
+    assert latency is not None and float(latency[1]) <= float(latency[2]) and int(latency[3]) > 10
+
+
+def test_doctor_says_why_a_timing_is_not_learned(tmp_path: Path) -> None:
+    fleet = SimulatedFleet(2, seed=1, generation="h100-parttime")
+    fleet.set_energy_counter_supported(1, False)
+    module = fleet.module()
+    real = module.nvmlDeviceGetTotalEnergyConsumption
+    # gpu0's counter is stuck (it answers, always the same); gpu1 has none (NVML: NotSupported).
+    module.nvmlDeviceGetTotalEnergyConsumption = lambda handle: 1000 if handle.index == 0 else real(handle)
+    text, code = run_doctor(nvml=module, powercap_root=tmp_path)
+    assert code == 0, text  # nothing to fix: measured meanwhile without the timing
+    gpu0, gpu1 = text.split("gpu0 ")[1].split("gpu1 ")
+    assert "counter refresh: not learned yet: the counter did not change in 1.00 s of polling" in gpu0
+    assert "per-process samples: not learned yet: no process was busy" in gpu0
+    assert "counter refresh: none (no energy counter)" in gpu1

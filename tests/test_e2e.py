@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from procs import WATTWATCH, free_port, wait_for
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 pytestmark = pytest.mark.e2e
 

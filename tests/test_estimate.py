@@ -19,18 +19,9 @@ from wattwatch.sensors.estimate import (
     match_cpu_tdp_w,
     read_cpuinfo,
 )
+from wattwatch.sim.clock import FakeClock
 
 T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    """Simulated time."""
-
-    def __init__(self, t_s: float = T0) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
 
 
 class Utilisation:

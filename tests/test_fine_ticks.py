@@ -17,7 +17,7 @@ from wattwatch.agent.runner import Agent
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.discovery import discover
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:

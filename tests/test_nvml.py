@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections import deque
 from itertools import pairwise
 from typing import Any
 
@@ -14,22 +15,11 @@ import pytest
 from wattwatch.errors import ConfigError, DeviceLost, DeviceNotFound, NotSupported, PermissionDenied, SensorError
 from wattwatch.sensors.base import DeviceInfo, Sensor
 from wattwatch.sensors.nvml import NvmlSensor, nvml_errors, resolve_visible, translate_nvml_error
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sensors.nvml_timing import Change
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
 
 T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    """Simulated time: ``sleep`` advances it instead of waiting."""
-
-    def __init__(self, t_s: float = T0) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-    def sleep(self, dt_s: float) -> None:
-        self.t_s += dt_s
 
 
 def rig(n: int = 3, seed: int = 3, **sensor_kwargs: Any) -> tuple[SimulatedFleet, FakeClock, NvmlSensor]:
@@ -120,24 +110,33 @@ def test_tick_reads_match_the_exact_energy_of_their_stamped_intervals() -> None:
         assert idle_new[int(0.95 * len(idle_new))] < 0.6 * idle_old[int(0.95 * len(idle_old))], generation
 
 
+def shift_learned_phase(dev: Any, by_s: float) -> None:
+    """Corrupt what a GPU's timing model has learned: every refresh it saw, moved by ``by_s``."""
+    timing = dev.timing
+    timing._changes = deque((run, Change(c.lo_s + by_s, c.hi_s + by_s, c.at_s + by_s)) for run, c in timing._changes)
+    timing._dirty = True
+
+
 def test_tick_reads_learn_each_counters_update_phase() -> None:
     fleet, clock, sensor = rig()
     for index, dev in enumerate(sensor._devices.values()):
-        assert dev.phase_lo is not None and dev.phase_hi - dev.phase_lo < 0.004  # the start-up calibration
-        update_s = fleet.last_update_s(index, dev.phase_hi)
-        assert dev.phase_lo < update_s <= dev.phase_hi
+        fit = dev.timing.fit
+        assert fit is not None and fit.hi_s - fit.lo_s < 0.004  # the start-up calibration
+        assert fit.lo_s < fleet.last_update_s(index, fit.hi_s) <= fit.hi_s
     clock.t_s += 30.0
-    before = sensor._devices["gpu0"].phase_hi
-    sensor.read_at(clock.t_s - 0.001)  # boundary polls confirm it (and narrow it)
     dev = sensor._devices["gpu0"]
-    assert dev.phase_lo is not None and dev.phase_hi > before + 29.0
-    assert dev.phase_lo < fleet.last_update_s(0, dev.phase_hi) <= dev.phase_hi
-    dev.phase_lo, dev.phase_hi = dev.phase_lo + 0.03, dev.phase_hi + 0.03  # a wrong phase...
+    before = dev.timing.fit.hi_s
+    sensor.read_at(clock.t_s - 0.001)  # boundary polls confirm it (and narrow it)
+    fit = dev.timing.fit
+    assert fit is not None and fit.hi_s > before + 29.0
+    assert fit.lo_s < fleet.last_update_s(0, fit.hi_s) <= fit.hi_s
+    shift_learned_phase(dev, 0.03)  # a wrong phase...
     for _ in range(10):  # ...is noticed by a read that sees an update where it predicts none (or the
         clock.t_s += 0.02  # other way round), and relearned by the next read
         sensor.read()
-    assert dev.phase_lo is not None
-    assert dev.phase_lo < fleet.last_update_s(0, dev.phase_hi) <= dev.phase_hi
+    fit = dev.timing.fit
+    assert dev.timing.dropped >= 1 and fit is not None
+    assert fit.lo_s < fleet.last_update_s(0, fit.hi_s) <= fit.hi_s
 
 
 def boundary_errors(window_s: float, trials: int) -> dict[int, list[float]]:
@@ -146,6 +145,7 @@ def boundary_errors(window_s: float, trials: int) -> dict[int, list[float]]:
     fleet.set_activity(0, "training", T0 + 0.5)
     fleet.set_activity(1, "inference", T0 + 0.5)
     rng = random.Random(11)
+    clock.t_s = max(clock.t_s, T0 + 1.0)  # the trials do not depend on how long calibration took
     errors: dict[int, list[float]] = {0: [], 1: [], 2: []}
     for _ in range(trials):
         t_start = clock.t_s + rng.uniform(0.05, 1.0)
@@ -193,7 +193,7 @@ def test_read_at_flags_what_it_could_not_pin() -> None:
     assert old[0].flags == ("boundary_unrefined",)
     frozen = NvmlSensor(fleet.module(), clock=clock, sleep=lambda s: None, power_sample_interval_s=None)
     stuck = frozen.read_at(clock.t_s)  # time never advances, the counter never moves: must not hang
-    assert stuck[0].flags == ("boundary_unrefined",)
+    assert stuck[0].flags == ("boundary_unrefined", "period_unlearned")
 
 
 def test_counter_reset_is_bridged_from_power_and_flagged_never_wrapped() -> None:
@@ -248,13 +248,13 @@ def test_power_only_gpu_is_integrated_from_instant_power() -> None:
     boundary_s = clock.t_s - 0.005  # between the last sample and the one read_at takes
     mid = by_key(sensor.read_at(boundary_s))["gpu1"]
     assert mid.t_s == boundary_s and mid.source == "power"
-    exact_j = fleet.exact_energy_j(1, T0, boundary_s)
+    exact_j = fleet.exact_energy_j(1, start["gpu1"].t_s, boundary_s)
     assert mid.energy_j - start["gpu1"].energy_j == pytest.approx(exact_j, rel=0.02)
     for _ in range(250):
         clock.sleep(0.01)
         sensor.read()
     end = by_key(sensor.read())["gpu1"]
-    exact_j = fleet.exact_energy_j(1, T0, clock.t_s)
+    exact_j = fleet.exact_energy_j(1, start["gpu1"].t_s, clock.t_s)
     assert end.energy_j - start["gpu1"].energy_j == pytest.approx(exact_j, rel=0.02)
 
 
@@ -272,9 +272,11 @@ def test_power_only_gpu_integrator_thread_runs() -> None:
 
 def test_running_pids_and_visible() -> None:
     fleet, clock, _ = rig()
-    fleet.set_activity(2, "inference", T0, pid=901)
-    clock.t_s = T0 + 1
-    only = NvmlSensor(fleet.module(), visible=f"2,{fleet.uuid(0)[:10]}", clock=clock, power_sample_interval_s=None)
+    fleet.set_activity(2, "inference", clock.t_s, pid=901)
+    clock.t_s += 1
+    only = NvmlSensor(
+        fleet.module(), visible=f"2,{fleet.uuid(0)[:10]}", clock=clock, sleep=clock.sleep, power_sample_interval_s=None
+    )
     assert [d.key for d in only.devices()] == ["gpu0", "gpu2"]
     assert only.running_pids("gpu2") == {901} and only.running_pids("gpu0") == set()
 
@@ -385,24 +387,25 @@ def test_real_pynvml_without_a_driver_is_device_not_found() -> None:
 
 def test_process_utilization_is_the_mean_per_pid_since_a_time() -> None:
     fleet, clock, sensor = rig()
-    fleet.set_activity(0, "training", T0, pid=10)
-    fleet.set_process_utilization(0, 10, 75.0, T0)
-    fleet.set_process_utilization(0, 11, 25.0, T0)
-    fleet.set_process_utilization(0, 11, 50.0, T0 + 1.0)
-    clock.t_s = T0 + 2.0
-    # The first sample after T0 also covers a moment before the pids started: ask from just past it.
-    shares = sensor.process_utilization("gpu0", T0 + 0.2)
+    t0 = clock.t_s  # after the start-up calibration: NVML has reported up to here
+    fleet.set_activity(0, "training", t0, pid=10)
+    fleet.set_process_utilization(0, 10, 75.0, t0)
+    fleet.set_process_utilization(0, 11, 25.0, t0)
+    fleet.set_process_utilization(0, 11, 50.0, t0 + 1.0)
+    clock.t_s = t0 + 2.0
+    # The first sample after t0 also covers a moment before the pids started: ask from just past it.
+    shares = sensor.process_utilization("gpu0", t0 + 0.2)
     assert shares[10] == pytest.approx(75.0)
     assert shares[11] == pytest.approx(39.5, abs=2.5)  # 0.8 s at 25 %, 1 s at 50 %, on a 1/6 s grid
-    assert 0 < sensor.process_utilization("gpu0", T0)[10] < 75.0
-    assert sensor.process_utilization("gpu0", T0 + 1.2)[11] == pytest.approx(50.0)
-    assert sensor.process_utilization("gpu1", T0) == {}  # no samples: NVML's NotFound
+    assert 0 < sensor.process_utilization("gpu0", t0)[10] < 75.0
+    assert sensor.process_utilization("gpu0", t0 + 1.2)[11] == pytest.approx(50.0)
+    assert sensor.process_utilization("gpu1", t0) == {}  # no samples: NVML's NotFound
     assert sensor.process_utilization("gpu0", clock.t_s) == {}
     assert sensor.running_pids("gpu0") == {10, 11}
     with pytest.raises(DeviceNotFound):
-        sensor.process_utilization("gpu9", T0)
+        sensor.process_utilization("gpu9", t0)
     fleet.lose(0)
-    assert sensor.process_utilization("gpu0", T0) == {}
+    assert sensor.process_utilization("gpu0", t0) == {}
     assert "gpu0" in sensor.lost
 
 

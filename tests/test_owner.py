@@ -25,8 +25,8 @@ from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.report import render
 from wattwatch.sensors.nvml import NvmlSensor
-from wattwatch.sensors.simulated import SimulatedFleet
 from wattwatch.sensors.visible import resolve_visible
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage import repository
 
 

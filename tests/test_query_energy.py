@@ -29,7 +29,7 @@ from wattwatch.accounting import IntervalIn, rollup_intervals
 from wattwatch.accounting.quantiles import nearest_rank
 from wattwatch.accounting.spans import split_job_energy
 from wattwatch.report import render
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage import repository
 from wattwatch.storage.span_energy import compute_span_energy
 from wattwatch.storage.tables import queries, query_counts, span_dirty

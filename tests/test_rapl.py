@@ -11,22 +11,13 @@ from wattwatch.errors import DeviceNotFound, PermissionDenied
 from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.discovery import discover
 from wattwatch.sensors.rapl import RaplSensor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
 
 FIXTURE = Path(__file__).parent / "fixtures" / "powercap"
 T0 = 1_700_000_000.0
 PACKAGE_RANGE_UJ = 262143328850
 DRAM_RANGE_UJ = 65712999613
-
-
-class FakeClock:
-    """Simulated time."""
-
-    def __init__(self, t_s: float = T0) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
 
 
 @pytest.fixture

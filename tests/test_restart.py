@@ -24,19 +24,12 @@ from wattwatch.config import Settings
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.rapl import RaplSensor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage.repository import build_report, end_job, ingest_batch, upsert_job
 from wattwatch.storage.tables import jobs
 
 T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    def __init__(self, t_s: float = T0) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
 
 
 def write_proc(root: Path, pid: int, start_ticks: int) -> None:
@@ -102,11 +95,6 @@ def test_rapl_readings_carry_the_raw_counter_across_a_wrap(tmp_path: Path) -> No
     assert second.counter_j == pytest.approx(5.0)
 
 
-class SimClock(FakeClock):
-    def sleep(self, dt_s: float) -> None:
-        self.t_s += dt_s
-
-
 def nvml_mark(sensor: NvmlSensor) -> DeviceMark:
     reading = sensor.read()[0]
     info = sensor.devices()[0]
@@ -122,7 +110,7 @@ def nvml_mark(sensor: NvmlSensor) -> DeviceMark:
 
 
 def test_nvml_counter_bridges_a_new_sensor_process_and_a_reset_is_a_gap() -> None:
-    clock = SimClock()
+    clock = FakeClock()
     fleet = SimulatedFleet(1, seed=4, clock=clock)
     fleet.set_activity(0, "training", T0 + 1.0, pid=10)
     clock.t_s = T0 + 30.0

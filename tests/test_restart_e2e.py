@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 
 from procs import WATTWATCH, free_port, wait_for
 from wattwatch.sdk import AgentClient
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 
 pytestmark = pytest.mark.e2e
 

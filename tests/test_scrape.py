@@ -28,7 +28,7 @@ from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 from wattwatch.sensors.nvml import NvmlSensor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.standalone import Collector
 from wattwatch.storage.engine import make_engine
 from wattwatch.storage.reads import build_report

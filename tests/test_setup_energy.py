@@ -20,7 +20,7 @@ import pytest
 
 from procs import WATTWATCH
 from test_e2e import Up, start_up
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 

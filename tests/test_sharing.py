@@ -25,7 +25,8 @@ from wattwatch.agent.spool import Spool
 from wattwatch.agent.tracker import ProcessTracker
 from wattwatch.config import Settings
 from wattwatch.sensors.nvml import NvmlSensor
-from wattwatch.sensors.simulated import SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import SimulatedFleet
 
 SLEEPER = "import time; time.sleep(60)"
 
@@ -195,21 +196,13 @@ class NoProcesses:
         return set()
 
 
-class Clock:
-    def __init__(self, t_s: float) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-
 @pytest.mark.parametrize("window", [(0.3, 2.3), (0.5, 1.5), (0.9, 1.1)])
 def test_a_process_idle_for_part_of_the_interval_weighs_only_its_busy_part(window: tuple[float, float]) -> None:
     """NVML lists a process only in the samples where it was busy: B, busy at 40 % until T0 + 1 s and
     then idle, must not be averaged over its busy samples alone (40 %: 40 % of the split instead of
     25 % over (0.5, 1.5)); and windows down to 0.2 s, near NVML's 1/6 s grid."""
     t0 = 1_700_000_000.0
-    clock = Clock(t0)
+    clock = FakeClock(t0)
     fleet = SimulatedFleet(1, clock=clock)
     fleet.set_activity(0, "training", t0)
     fleet.set_process_utilization(0, 10, 60.0, t0)

@@ -14,22 +14,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from wattwatch.sensors.simulated import COUNTER_PERIOD_S, SimulatedFleet
+from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.fleet import COUNTER_PERIOD_S, SimulatedFleet
 
 T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    """Simulated time: ``sleep`` advances it instead of waiting."""
-
-    def __init__(self, t_s: float = T0) -> None:
-        self.t_s = t_s
-
-    def __call__(self) -> float:
-        return self.t_s
-
-    def sleep(self, dt_s: float) -> None:
-        self.t_s += dt_s
 
 
 def make_fleet(n: int = 3, seed: int = 1, **kwargs: object) -> tuple[SimulatedFleet, FakeClock]:
@@ -120,7 +108,7 @@ def test_replay_from_truth_log_equals_original(tmp_path: Path) -> None:
 
     # And from another process, as the end-to-end test does.
     code = (
-        "import sys, json; from pathlib import Path; from wattwatch.sensors.simulated import SimulatedFleet; "
+        "import sys, json; from pathlib import Path; from wattwatch.sim.fleet import SimulatedFleet; "
         "f = SimulatedFleet.replay(Path(sys.argv[1]), 3, seed=5); "
         "print(json.dumps([f.exact_energy_j(i, a, b) for i, a, b in json.loads(sys.argv[2])]))"
     )
@@ -428,7 +416,7 @@ def test_pre_volta_board_has_neither_counter_nor_instant_power() -> None:
 
 
 def test_counter_quantum_and_custom_generation() -> None:
-    from wattwatch.sensors.generations import GENERATIONS, BoardGeneration
+    from wattwatch.sim.generations import GENERATIONS, BoardGeneration
 
     coarse = BoardGeneration(**{**GENERATIONS["h100"].__dict__, "name": "coarse", "counter_quantum_mj": 1000})
     clock = FakeClock()

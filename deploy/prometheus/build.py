@@ -111,11 +111,12 @@ def groups() -> list[dict[str, Any]]:
             "0m",
             "warning",
             "The collector refused {{ $value }} batches from {{ $labels.host }} for good",
-            "The collector answered {{ $value }} batches from the agent on {{ $labels.host }} with a client "
-            "error, so the agent set them aside instead of retrying: their measurements are missing from the "
-            "reports. The reasons are kept next to the batches: `sqlite3 $WATTWATCH_HOME/spool.db 'SELECT seq, "
-            "reason FROM dead'` on the host. The usual cause is an agent and a collector of different versions "
-            "(compare wattwatch_agent_info); fix that, then delete the rows once understood.",
+            "The agent on {{ $labels.host }} set {{ $value }} batches aside: the collector refused them with a "
+            "client error (e.g. 422, a field out of bounds), or failed them with 5xx WATTWATCH_POISON_AFTER times "
+            "while later batches landed (wattwatch_agent_batches_set_aside_total says which). Their measurements "
+            "are missing from the reports but kept in the spool file. On the host, `wattwatch doctor` and "
+            "`wattwatch spool list` show each batch's reason. The usual cause is an agent and a collector of "
+            "different versions (compare wattwatch_agent_info); fix it, then `wattwatch spool requeue --all`.",
         ),
     ]
     collector = [

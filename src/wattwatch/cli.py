@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(up)
     _add_listen(up)
     up.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
+    _add_sim_flaws(up)
     up.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
     _add_allow_open(up)
     _add_metric_labels(up)
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(demo)
     _add_listen(demo)
+    _add_sim_flaws(demo)
 
     col = sub.add_parser(
         "collector",
@@ -107,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_allow_open(col)
     col.add_argument("--migrate", action="store_true", help="apply database migrations before serving")
     _add_metric_labels(col)
+    _add_time_window(col)
 
     ag = sub.add_parser(
         "agent",
@@ -123,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
     ag.add_argument("--host", help="host name to report (default: this machine's)")
     ag.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
+    _add_sim_flaws(ag)
     _add_agent_options(ag)
 
     run = sub.add_parser(
@@ -158,12 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser(
         "doctor",
-        help="which sensors work here, and why the others don't",
+        help="which sensors work here, why the others don't, and batches the collector refused",
         formatter_class=_fmt(),
-        epilog="examples:\n  wattwatch doctor\n  wattwatch doctor --simulate 2 --generation p100",
+        epilog="examples:\n  wattwatch doctor\n  wattwatch doctor --simulate 2 --generation p100\n"
+        "  wattwatch --home /var/lib/wattwatch doctor    the agent's spool in another home",
     )
     doc.add_argument("--simulate", type=int, default=0, metavar="N", help="examine N simulated GPUs instead")
     doc.add_argument("--generation", default="h100", help="board generation of simulated GPUs (default h100)")
+    _add_sim_flaws(doc)
 
     db = sub.add_parser(
         "db",
@@ -180,9 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
 
-    from wattwatch import token_cli
+    from wattwatch import spool_cli, token_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
+    spool_cli.add_parser(sub, _fmt())
     return p
 
 
@@ -250,6 +257,39 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="interval length while inference requests flow, for per-query energy (default 0.1; 0: off)",
     )
+    p.add_argument(
+        "--poison-after",
+        type=int,
+        metavar="N",
+        help="set a batch aside after N failures (5xx or no answer) while later batches land "
+        "(default $WATTWATCH_POISON_AFTER or 5; see `wattwatch spool --help`)",
+    )
+
+
+def _add_sim_flaws(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sim-flaws",
+        default="",
+        metavar="SPEC",
+        help="give simulated GPUs real hardware's flaws: a preset (none, realistic) and/or KEY=VALUE items, "
+        "comma separated: refresh_ms=20 or 10:200 (per board), noise_w, latency_ms, jitter_ms, "
+        "process_delay_s=0.5:2, start_lag_s, end_lag_s, process_sample_ms, seed",
+    )
+
+
+def _sim_flaws(args: argparse.Namespace, simulate: int) -> Any:
+    """The ``--sim-flaws`` spec as ``sim.flaws.Flaws`` (None when not given); a bad spec is a usage error."""
+    spec = getattr(args, "sim_flaws", "")
+    if not spec:
+        return None
+    if not simulate:
+        raise UsageError("--sim-flaws applies to simulated GPUs only; add --simulate N")
+    from wattwatch.sim.flaws import parse_flaws
+
+    try:
+        return parse_flaws(spec)
+    except ValueError as exc:
+        raise UsageError(f"--sim-flaws: {exc}") from None
 
 
 def _agent_options(args: argparse.Namespace) -> Any:
@@ -261,6 +301,7 @@ def _agent_options(args: argparse.Namespace) -> Any:
         proc_root=args.proc_root,
         discover=False if args.no_discover else None,
         fine_interval_s=args.fine_interval,
+        poison_after=args.poison_after,
     )
 
 
@@ -271,6 +312,35 @@ def _add_metric_labels(p: argparse.ArgumentParser) -> None:
         help="job labels to export as labels of the job series on /metrics, e.g. team,namespace "
         "(default none: each costs one label value per job)",
     )
+
+
+def _add_time_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--time-window-past",
+        metavar="DURATION",
+        help="refuse (422) times further back than this, e.g. 30d (default; WATTWATCH_TIME_WINDOW_PAST, seconds)",
+    )
+    p.add_argument(
+        "--time-window-future",
+        metavar="DURATION",
+        help="refuse (422) times further ahead than this, e.g. 1d (default; WATTWATCH_TIME_WINDOW_FUTURE, seconds)",
+    )
+
+
+def _time_window_changes(args: argparse.Namespace) -> dict[str, float]:
+    changes: dict[str, float] = {}
+    for flag, name in (("past", "time_window_past_s"), ("future", "time_window_future_s")):
+        raw = getattr(args, f"time_window_{flag}", None)
+        if raw is None:
+            continue
+        try:
+            value = parse_duration_s(raw)
+        except ValueError as exc:
+            raise UsageError(f"--time-window-{flag}: {exc}") from None
+        if value <= 0:
+            raise UsageError(f"--time-window-{flag} {raw!r} must be positive; use e.g. 30d or 12h")
+        changes[name] = value
+    return changes
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -346,6 +416,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         metric_label_names(args.metric_labels)  # a clash is a usage error now, not when the first scrape comes
         changes["metric_labels"] = args.metric_labels
     changes.update(_identity_changes(args))
+    changes.update(_time_window_changes(args))
     settings = dataclasses.replace(settings, **changes)
     return resolve_token(settings) if args.command in ("up", "demo", "collector", "agent", "report") else settings
 
@@ -356,7 +427,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch.standalone import run_up
 
         _check_simulate(args.simulate)
-        run_up(settings, simulate=args.simulate, options=_agent_options(args), allow_open=args.allow_open)
+        flaws = _sim_flaws(args, args.simulate)
+        run_up(settings, simulate=args.simulate, flaws=flaws, options=_agent_options(args), allow_open=args.allow_open)
         return 0
     if cmd == "demo":
         return _demo(args, settings)
@@ -369,7 +441,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch.standalone import run_agent
 
         _check_simulate(args.simulate)
-        run_agent(settings, simulate=args.simulate, options=_agent_options(args))
+        run_agent(settings, simulate=args.simulate, flaws=_sim_flaws(args, args.simulate), options=_agent_options(args))
         return 0
     if cmd == "run":
         return _run(args, settings)
@@ -381,6 +453,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch import token_cli
 
         return token_cli.run(args, settings)
+    if cmd == "spool":
+        from wattwatch import spool_cli
+
+        return spool_cli.run(args, settings)
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
@@ -408,12 +484,13 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.duration < 0:
         raise UsageError("--duration must be 0 (until Ctrl-C) or a number of seconds")
+    flaws = _sim_flaws(args, demo.DEMO_GPUS)
     started_s = time.time()
     print(
         f"wattwatch demo: {demo.DEMO_GPUS} simulated GPUs; training on GPU 0-1, inference on GPU 2, "
         f"GPU 3 idle; running {'until Ctrl-C' if not args.duration else f'{args.duration:g} s'}"
     )
-    run_up(settings, simulate=demo.DEMO_GPUS, driver=demo.drive, duration_s=args.duration or None)
+    run_up(settings, simulate=demo.DEMO_GPUS, flaws=flaws, driver=demo.drive, duration_s=args.duration or None)
     engine = check_ready(settings.resolved_db_url)
     try:
         report = build_report(
@@ -547,20 +624,24 @@ def _report_from_server(args: argparse.Namespace, settings: Settings) -> dict[st
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from wattwatch.agent.spool import SPOOL_FILE
     from wattwatch.doctor import run_doctor
 
     fleet = None
+    flaws = _sim_flaws(args, args.simulate)
     if args.simulate:
         _check_simulate(args.simulate)
-        from wattwatch.sensors.generations import GENERATIONS
-        from wattwatch.sensors.simulated import SimulatedFleet
+        from wattwatch.sim.fleet import SimulatedFleet
+        from wattwatch.sim.generations import GENERATIONS
 
         if args.generation.lower() not in GENERATIONS:
             raise UsageError(f"--generation {args.generation!r} is unknown; use one of {', '.join(GENERATIONS)}")
-        fleet = SimulatedFleet(args.simulate, generation=args.generation)
+        fleet = SimulatedFleet(args.simulate, generation=args.generation, flaws=flaws)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        text, code = run_doctor(simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None)
+        text, code = run_doctor(
+            simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None, spool_path=settings.home / SPOOL_FILE
+        )
     print(text)
     return code
 

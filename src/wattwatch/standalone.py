@@ -22,6 +22,7 @@ from wattwatch.errors import ConfigError
 
 if TYPE_CHECKING:
     from wattwatch.agent.options import AgentOptions
+    from wattwatch.sim.flaws import Flaws
 
 log = logging.getLogger("wattwatch")
 
@@ -35,14 +36,19 @@ class SimulatedWorkload:
         self._holders: dict[int, list[tuple[str, str, int | None]]] = {}
 
     def job_started(self, job_id: str, kind: str, devices: Sequence[str], pid: int | None, t_s: float) -> None:
-        """Load the job's boards with its kind's profile from ``t_s``."""
+        """Load the job's boards with its kind's profile from ``t_s`` (later by the fleet's workload lag:
+        a real job's kernels start some time after it opens)."""
+        t_s += self.fleet.load_lag_s(job_id, "start")
         with self._lock:
             for index in _gpu_indices(devices):
                 self._holders.setdefault(index, []).append((job_id, kind, pid))
                 self.fleet.set_activity(index, kind if kind in ("training", "inference") else "training", t_s, pid)
 
     def job_ended(self, job_id: str, t_s: float) -> None:
-        """Return the job's boards to idle (or to the job still holding them) at ``t_s``."""
+        """Return the job's boards to idle (or to the job still holding them) at ``t_s``, moved by the
+        fleet's workload lag (a load that ends before the job closes cannot end before what NVML has
+        already reported: the fleet never rewrites that)."""
+        t_s += self.fleet.load_lag_s(job_id, "end")
         with self._lock:
             for index, holders in self._holders.items():
                 if not any(h[0] == job_id for h in holders):
@@ -53,6 +59,13 @@ class SimulatedWorkload:
                     self.fleet.set_activity(index, kind if kind in ("training", "inference") else "training", t_s, pid)
                 else:
                     self.fleet.set_activity(index, "idle", t_s, None)
+
+
+def _flaws_note(fleet: Any) -> str:
+    """``", flaws: ..."`` for a simulated fleet with flaws, else empty."""
+    if fleet is None or fleet.flaws.ideal:
+        return ""
+    return f", flaws: {fleet.flaws.describe()}"
 
 
 def _gpu_indices(devices: Sequence[str]) -> list[int]:
@@ -69,9 +82,14 @@ class AgentParts:
 
 
 def build_agent(
-    settings: Settings, simulate: int = 0, seed: int = 0, options: AgentOptions | None = None
+    settings: Settings,
+    simulate: int = 0,
+    seed: int = 0,
+    options: AgentOptions | None = None,
+    flaws: Flaws | None = None,
 ) -> AgentParts:
-    """Discover sensors (or simulate ``simulate`` GPUs through the fake NVML module) and build an Agent.
+    """Discover sensors (or simulate ``simulate`` GPUs, with ``flaws``, through the fake NVML module) and
+    build an Agent.
 
     ``options`` (``agent.options.AgentOptions``: job discovery, kubelet, scrape targets) default to the
     ``WATTWATCH_*`` environment variables that module lists.
@@ -80,7 +98,7 @@ def build_agent(
     from wattwatch.agent.runner import Agent
     from wattwatch.sensors.discovery import discover
     from wattwatch.sensors.nvml import resolve_visible
-    from wattwatch.sensors.simulated import SimulatedFleet
+    from wattwatch.sim.fleet import SimulatedFleet
 
     options = options if options is not None else AgentOptions.from_env()
     fleet = None
@@ -89,7 +107,7 @@ def build_agent(
             raise ConfigError(f"--simulate takes 1 to 64 GPUs, got {simulate}")
         settings.home.mkdir(parents=True, exist_ok=True)
         # The boards outlive the agent, as real ones do: a restarted agent finds their counters still counting.
-        fleet = SimulatedFleet.resume(settings.home / "simulated-gpus.jsonl", simulate, seed=seed)
+        fleet = SimulatedFleet.resume(settings.home / "simulated-gpus.jsonl", simulate, seed=seed, flaws=flaws)
     found = discover(simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None)  # 0: look the TDP up
     agent = Agent(
         settings,
@@ -182,6 +200,7 @@ def run_up(
     settings: Settings,
     *,
     simulate: int = 0,
+    flaws: Flaws | None = None,
     announce: Callable[[str], None] = print,
     driver: Callable[[Settings, threading.Event], None] | None = None,
     duration_s: float | None = None,
@@ -199,7 +218,7 @@ def run_up(
     collector.start()
     try:
         agent_settings = replace(settings, collector_url=collector.url, token=local_token, ca_file="")
-        parts = build_agent(agent_settings, simulate=simulate, options=options)
+        parts = build_agent(agent_settings, simulate=simulate, options=options, flaws=flaws)
         agent = parts.agent
         agent.start()
     except BaseException:
@@ -210,7 +229,7 @@ def run_up(
     announce(f"wattwatch up: collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
     announce(
         f"wattwatch up: agent measuring {', '.join(sources) or 'nothing'}"
-        + (f" ({simulate} simulated GPUs)" if simulate else "")
+        + (f" ({simulate} simulated GPUs{_flaws_note(parts.fleet)})" if simulate else "")
     )
     if not gpus:
         why = "; ".join(f"{s.name}: {s.reason}" for s in parts.skipped) or "NVML found no GPU"
@@ -258,18 +277,21 @@ def run_agent(
     settings: Settings,
     *,
     simulate: int = 0,
+    flaws: Flaws | None = None,
     announce: Callable[[str], None] = print,
     options: AgentOptions | None = None,
 ) -> None:
     """The per-host sidecar until SIGINT/SIGTERM; ``options`` as for ``build_agent``."""
     stop = StopFlag()
     stop.install()
-    parts = build_agent(settings, simulate=simulate, options=options)
+    parts = build_agent(settings, simulate=simulate, options=options, flaws=flaws)
     parts.agent.start()
     announce(
         f"wattwatch agent: measuring {', '.join(parts.agent.sampler.devices) or 'nothing'}; "
         f"pushing to {settings.collector_url}; socket {settings.socket_path}"
     )
+    if _flaws_note(parts.fleet):
+        announce(f"wattwatch agent: simulated GPUs{_flaws_note(parts.fleet)}")
     for s in parts.skipped:
         announce(f"wattwatch agent: skipped {s.name}: {s.reason}")
     if parts.agent.metrics_url:

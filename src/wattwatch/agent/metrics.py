@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from wattwatch import __version__, wire
 from wattwatch.config import parse_listen
 from wattwatch.errors import ConfigError, WattwatchError
+from wattwatch.limits import REASONS
 from wattwatch.sensors.base import DeviceInfo, Sensor
 
 if TYPE_CHECKING:
@@ -128,7 +129,16 @@ class _Families:
     )
     dead: GaugeMetricFamily = field(
         default_factory=lambda: GaugeMetricFamily(
-            "wattwatch_agent_spool_dead_batches", "Batches the collector refused for good, kept aside.", labels=["host"]
+            "wattwatch_agent_spool_dead_batches",
+            "Batches set aside in the spool: the collector refused them for good (`wattwatch spool list`).",
+            labels=["host"],
+        )
+    )
+    set_aside: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
+            "wattwatch_agent_batches_set_aside",
+            "Batches this agent set aside since it started, by reason (rejected, key_conflict, repeated_failure).",
+            labels=["host", "reason"],
         )
     )
     pushed: CounterMetricFamily = field(
@@ -163,6 +173,14 @@ class _Families:
     sensor_errors: CounterMetricFamily = field(
         default_factory=lambda: CounterMetricFamily(
             "wattwatch_agent_sensor_errors", "Sensor reads that failed.", labels=["host", "sensor"]
+        )
+    )
+    refused: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
+            "wattwatch_agent_refused",
+            "Records refused as out of bounds (wattwatch.limits), by reason: spans and labels at the local API, "
+            "the agent's own records at sealing.",
+            labels=["host", "reason"],
         )
     )
 
@@ -208,6 +226,8 @@ class AgentCollector(Collector):
             out.spool.add_metric([host], float(pending))
             out.dead.add_metric([host], float(dead))
         stats = agent.pusher.stats
+        for reason, n in stats.set_aside.items():
+            out.set_aside.add_metric([host, reason], float(n))
         out.pushed.add_metric([host], float(stats.pushed))
         out.push_failures.add_metric([host], float(stats.failures))
         out.push_conflicts.add_metric([host], float(stats.conflicts))
@@ -217,6 +237,9 @@ class AgentCollector(Collector):
         out.sample_duration.add_metric([host], buckets, sum_s)
         for sensor, n in sorted(agent.sampler.stats.errors().items()):
             out.sensor_errors.add_metric([host, sensor], float(n))
+        refused = agent.refused.counts()
+        for reason in REASONS:  # every reason from the start, so rate() sees the first refusal
+            out.refused.add_metric([host, reason], float(refused.get(reason, 0)))
         return out.all()
 
 

@@ -13,6 +13,8 @@ command line's values on top.
     WATTWATCH_SCRAPE="vllm:http://127.0.0.1:8000/metrics#job=chat triton:http://127.0.0.1:8002/metrics"
     WATTWATCH_FINE_INTERVAL=0.1          tick while query spans arrive (s; 0: never tick faster than usual)
     WATTWATCH_FINE_HOLD=5                how long after the last query span the fine tick lasts (s)
+    WATTWATCH_POISON_AFTER=5             set a batch aside after this many 5xx/no-answer failures while
+                                         later batches land (agent.poison)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattwatch.agent.kubelet import SERVICE_ACCOUNT_TOKEN
+from wattwatch.agent.poison import DEFAULT_POISON_AFTER, poison_after_from_env
 from wattwatch.agent.scrape import ScrapeTarget, parse_target, parse_targets
 from wattwatch.errors import ConfigError
 
@@ -45,6 +48,8 @@ class AgentOptions:
     # p95 J/query ~6 % low; 0.1 s, the NVML counter's update period, within 1-2 %). 0 turns it off.
     fine_interval_s: float = 0.1
     fine_tick_hold_s: float = 5.0
+    # A batch failing with 5xx (or no answer) this many times while later batches land is set aside.
+    poison_after: int = DEFAULT_POISON_AFTER
 
     @classmethod
     def from_env(
@@ -56,6 +61,7 @@ class AgentOptions:
         proc_root: str | None = None,
         discover: bool | None = None,
         fine_interval_s: float | None = None,
+        poison_after: int | None = None,
     ) -> AgentOptions:
         """Read the ``WATTWATCH_*`` variables above, then apply command-line values (given ones win;
         ``scrape`` specs are added to the variable's); raises ConfigError naming the bad value."""
@@ -90,6 +96,7 @@ class AgentOptions:
             scrape=targets,
             fine_interval_s=fine_s,
             fine_tick_hold_s=_seconds(env, "WATTWATCH_FINE_HOLD", 5.0),
+            poison_after=poison_after_from_env(env, poison_after),
         )
 
 

@@ -4,19 +4,57 @@ It is a small SQLite file (stdlib ``sqlite3``: the agent never imports the colle
 Batches are written before any push is attempted and deleted only after the collector accepted them;
 the next sequence number is stored with them, so a restarted agent never reuses a batch key. The
 restart checkpoint (``agent.restore``) is written with every batch, in the batch's transaction.
+
+A batch the collector refuses for good (``agent.poison``) moves to the ``dead`` table with a JSON
+reason, in one transaction: kept in the same file, never retried, never deleted, until ``requeue``
+(``wattwatch spool requeue``) moves it back. Another process (``wattwatch spool``, ``wattwatch doctor``)
+may open the file while the agent runs: SQLite's locks keep each move whole.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+SPOOL_FILE = "spool.db"  # under the agent's home (--home, WATTWATCH_HOME)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, created_s REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS dead (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A batch the collector refused for good: its key, the reason recorded (``agent.poison``), its size."""
+
+    seq: int
+    reason: dict[str, Any]
+    size_bytes: int
+
+    @property
+    def at_s(self) -> float:
+        """Unix time it was set aside (0 when unknown: set aside by an older agent)."""
+        at_s = self.reason.get("set_aside_at_s")
+        return float(at_s) if isinstance(at_s, int | float) else 0.0
+
+
+def _reason(text: str) -> dict[str, Any]:
+    """A stored reason as a dict; older agents stored one line of text (``HTTP 422: ...``)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if isinstance(record, dict):
+        return record
+    status = text[5:8] if text.startswith("HTTP ") and text[5:8].isdigit() else None
+    return {"reason": "rejected", "status": int(status) if status else None, "error": text}
 
 
 class Spool:
@@ -75,10 +113,12 @@ class Spool:
         """The checkpoint stored with the latest batch (None before the first)."""
         return self.meta("checkpoint")
 
-    def peek(self, limit: int = 16) -> list[tuple[int, bytes]]:
-        """The oldest ``limit`` batches, oldest first."""
+    def peek(self, limit: int = 16, after: int = -1) -> list[tuple[int, bytes]]:
+        """The oldest ``limit`` batches with a seq above ``after``, oldest first."""
         with self._lock:
-            rows = self._db.execute("SELECT seq, body FROM batches ORDER BY seq LIMIT ?", (limit,)).fetchall()
+            rows = self._db.execute(
+                "SELECT seq, body FROM batches WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+            ).fetchall()
         return [(int(seq), bytes(body)) for seq, body in rows]
 
     def ack(self, seq: int) -> None:
@@ -86,16 +126,64 @@ class Spool:
         with self._lock:
             self._db.execute("DELETE FROM batches WHERE seq = ?", (seq,))
 
-    def bury(self, seq: int, reason: str) -> None:
-        """The collector refused batch ``seq`` for good: keep it aside for inspection, stop retrying it."""
+    def set_aside(self, seq: int, reason: Mapping[str, Any]) -> bool:
+        """The collector refused batch ``seq`` for good: move it, with ``reason`` (a JSON object: why, the
+        collector's answer, when), out of the queue into the set-aside table, in one transaction, so it is
+        never lost and never retried until ``requeue``. False when ``seq`` is not queued."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT OR REPLACE INTO dead (seq, body, reason) SELECT seq, body, ? FROM batches WHERE seq = ?",
-                (reason, seq),
-            )
-            self._db.execute("DELETE FROM batches WHERE seq = ?", (seq,))
-            self._db.execute("COMMIT")
+            try:
+                row = self._db.execute("SELECT created_s FROM batches WHERE seq = ?", (seq,)).fetchone()
+                if row is not None:
+                    record = json.dumps({**reason, "created_s": float(row[0])}, sort_keys=True)
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO dead (seq, body, reason) SELECT seq, body, ? FROM batches "
+                        "WHERE seq = ?",
+                        (record, seq),
+                    )
+                    self._db.execute("DELETE FROM batches WHERE seq = ?", (seq,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return row is not None
+
+    def set_aside_batches(self, limit: int | None = None) -> list[SetAside]:
+        """Set-aside batches, the latest set aside first (``limit``: at most that many)."""
+        with self._lock:
+            rows = self._db.execute("SELECT seq, reason, length(body) FROM dead").fetchall()
+        found = [SetAside(int(seq), _reason(text), int(size)) for seq, text, size in rows]
+        found.sort(key=lambda b: (b.at_s, b.seq), reverse=True)
+        return found if limit is None else found[:limit]
+
+    def set_aside_body(self, seq: int) -> bytes | None:
+        """The body (the batch's JSON) of set-aside batch ``seq``; None when there is none."""
+        with self._lock:
+            row = self._db.execute("SELECT body FROM dead WHERE seq = ?", (seq,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def requeue(self, seqs: Sequence[int] | None = None) -> list[int]:
+        """Move set-aside batches (``seqs``, or all) back into the queue, in one transaction; returns the
+        seqs moved. They keep their keys, so a batch the collector did store after all is a duplicate
+        it acknowledges, not a second copy."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self._db.execute("SELECT seq, body, reason FROM dead ORDER BY seq").fetchall()
+                wanted = None if seqs is None else set(seqs)
+                moved = [(int(seq), body, text) for seq, body, text in rows if wanted is None or int(seq) in wanted]
+                for seq, body, text in moved:
+                    created_s = _reason(text).get("created_s")
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO batches (seq, body, created_s) VALUES (?, ?, ?)",
+                        (seq, body, float(created_s) if isinstance(created_s, int | float) else 0.0),
+                    )
+                    self._db.execute("DELETE FROM dead WHERE seq = ?", (seq,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return [seq for seq, _, _ in moved]
 
     def pending(self) -> int:
         """How many batches wait to be pushed."""
@@ -103,7 +191,7 @@ class Spool:
             return int(self._db.execute("SELECT count(*) FROM batches").fetchone()[0])
 
     def dead(self) -> int:
-        """How many batches the collector refused."""
+        """How many batches are set aside (the collector refused them for good)."""
         with self._lock:
             return int(self._db.execute("SELECT count(*) FROM dead").fetchone()[0])
 

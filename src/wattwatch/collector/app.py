@@ -25,7 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from wattwatch.collector import contract
 from wattwatch.collector.auth import DEFAULT_REFRESH_S, Authenticator
 from wattwatch.collector.bodies import OPENAPI_BODIES
-from wattwatch.collector.errors import ApiError
+from wattwatch.collector.errors import ApiError, InternalErrorMiddleware
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.routes import Context, build_router
@@ -33,6 +33,7 @@ from wattwatch.collector.silent_scheduler import SilentHostScheduler
 from wattwatch.collector.span_scheduler import DEFAULT_INTERVAL_S, SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
+from wattwatch.limits import BoundError
 from wattwatch.storage.engine import check_schema, make_engine
 from wattwatch.storage.span_energy import DEFAULT_SETTLE_S
 
@@ -111,6 +112,7 @@ def create_app(
     app.state.auth = auth
     app.include_router(build_router(ctx, auth))
     _install_error_handlers(app, db)
+    app.add_middleware(InternalErrorMiddleware)
     contract.install(app, OPENAPI_BODIES)
     _serve_docs(app, auth)
     return app
@@ -155,7 +157,14 @@ def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
     async def storage_error(_request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"error": str(exc), "field": None}, status_code=503)
 
+    async def bound_error(_request: Request, exc: Exception) -> JSONResponse:
+        # A value outside wattwatch.limits that a route checked after decoding (a time outside the window,
+        # a job end before its start): 422 naming the field, like a body that does not decode.
+        assert isinstance(exc, BoundError)
+        return JSONResponse({"error": exc.message, "field": exc.field}, status_code=422)
+
     app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(BoundError, bound_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(SQLAlchemyError, database_error)
     app.add_exception_handler(StorageError, storage_error)

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 
-from wattwatch import wire
+from wattwatch import limits, wire
 from wattwatch.collector import contract
 from wattwatch.collector.auth import Authenticator, Principal
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
@@ -144,6 +144,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
     router = APIRouter()
     guarded = [Depends(auth.reader)]
     s = ctx.settings
+    window = s.time_window()
     carbon = {"grid_intensity_g_per_kwh": s.grid_intensity_g_per_kwh, "pue": s.pue}
 
     @router.post(
@@ -176,6 +177,11 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             raise
         who.require_write(batch.host, "host")
         try:
+            limits.check_batch_times(batch, ctx.clock(), window)  # a 422 naming the field: app.py
+        except limits.BoundError:
+            ctx.ingest.errors.inc()
+            raise
+        try:
             result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
         except (repository.AgentIdTaken, repository.KeyReused) as exc:
             ctx.ingest.errors.inc()
@@ -198,6 +204,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         """Record a job as one host sees it (sent at start, and again at end if the host likes)."""
         job = _decode(body, JobStart)
         who.require_write(job.host, "host")
+        limits.check_job_times(job, ctx.clock(), window)
         repository.upsert_job(ctx.engine, job.host, job, now_s=ctx.clock())
         return _job_or_404(ctx, job.id, carbon)
 
@@ -213,6 +220,8 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         end = _decode(body, JobEnd) if body.strip() else JobEnd()
         if who.role == "agent":
             who.require_host_of(job_id, repository.job_host_names(ctx.engine, job_id))
+        if end.ended_at_s is not None:
+            window.check("ended_at_s", end.ended_at_s, ctx.clock())
         try:
             repository.end_job(ctx.engine, job_id, end.ended_at_s if end.ended_at_s is not None else ctx.clock())
         except repository.UnknownJob as exc:
@@ -262,6 +271,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         host = who.require_write(posted.host, "host")
         if who.role == "agent":
             who.require_host_of(job_id, repository.job_host_names(ctx.engine, job_id))
+        limits.check_span_times(posted.queries, ctx.clock(), window)
         try:
             n = repository.add_queries(
                 ctx.engine, job_id, items, host=host, idempotency_key=idempotency_key, now_s=ctx.clock()

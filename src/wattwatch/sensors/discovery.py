@@ -19,7 +19,7 @@ from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.nvml import NO_DRIVER, NO_DRIVER_FIX, NvmlSensor
 
 if TYPE_CHECKING:
-    from wattwatch.sensors.simulated import SimulatedFleet
+    from wattwatch.sim.fleet import SimulatedFleet
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,32 @@
-"""The arithmetic of an NVML boundary read: E(t_s) from the energy counter's next update and the power
-sampled while polling for it. Pure functions, so every case is testable without a board.
+"""NVML boundary reads: E(t_s) from the energy counter's next update and the power sampled while polling
+for it, and the polls themselves (``CounterPoller``: boundary reads and the timing calibration).
 
-The counter refreshes every ``update_period_s`` (100 ms on H100); at a boundary ``t_s`` the reader polls
-until the counter moves (at ``t_u``) and records the power at each poll. Its first poll saw the update
-before, ``t_p = t_u - update_period_s``, so the counter knows the energy of [t_p, t_u] exactly; what is
-estimated is only how that period's energy splits around ``t_s``.
+The counter refreshes every ``update_period_s``, learned per GPU (``nvml_timing``); at a boundary
+``t_s`` the reader polls until the counter moves (at ``t_u``) and records the power at each poll. Its
+first poll saw the update before, ``t_p = t_u - update_period_s``, so the counter knows the energy of
+[t_p, t_u] exactly; what is estimated is only how that period's energy splits around ``t_s``. The
+arithmetic (``pin_boundary``) is pure, so every case is testable without a board. Until a GPU's period
+is learned, only what needs no period is used, and the reading is flagged ``period_unlearned``.
 """
 
 from __future__ import annotations
 
+import logging
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
+
+from wattwatch.errors import SensorError
+from wattwatch.sensors.nvml_device import GpuDevice, NvmlReads
+from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S, Change, CounterRead
+
+log = logging.getLogger(__name__)
+
+# How long a boundary read polls for the counter to move: this many learned periods, or, while the
+# period is not learned, UNLEARNED_WAIT_S (long enough for any refresh period up to half a second).
+WAIT_PERIODS = 2.5
+UNLEARNED_WAIT_S = 0.6
 
 
 @dataclass
@@ -29,7 +45,7 @@ def pin_boundary(
     t_s: float,
     t_u: float,
     held: bool,
-    update_period_s: float,
+    update_period_s: float | None,
     poll_interval_s: float,
 ) -> tuple[float, tuple[str, ...]]:
     """E(t_s), given the cumulative ``u_j`` at the counter update ``t_u``; flags ``boundary_unrefined``
@@ -37,8 +53,12 @@ def pin_boundary(
 
     ``held``: the power readings only change with the counter (part-time samples or averages), so
     they lag a load step; then the period is split as a step (``split_period``) instead of integrated.
+    ``update_period_s`` None (not learned): the power sampled from ``t_s`` on is integrated back from
+    ``t_u``, the one estimate that needs no period, flagged ``period_unlearned``.
     """
     first_t_s, first_p_w = probe.samples[0]
+    if update_period_s is None:
+        return u_j - integrate_w(probe.samples, t_s, t_u), ("period_unlearned",)
     t_p = t_u - update_period_s
     if held and probe.first_j is not None and first_t_s < t_u:
         if t_p <= t_s <= first_t_s:
@@ -106,3 +126,226 @@ def integrate_w(samples: list[tuple[float, float]], a_s: float, b_s: float) -> f
     if b_s > last_t:
         total += last_p * (b_s - max(a_s, last_t))
     return total
+
+
+@dataclass
+class PowerWatch:
+    """Tells a live power reading from one held between counter refreshes, from consecutive polls.
+
+    Each poll reads the counter, then the power. A power change between polls k-1 and k happened
+    after counter read k-1 and before counter read k+1: if those two read the same value, no refresh
+    came in between, so the reading changed on its own (live). A change at a poll whose counter moved
+    is what a held reading does (a live one may too, by chance: live wins). With NVML calls that take
+    time, a refresh can fall between a poll's counter read and its power read, so comparing a
+    poll's counter with the previous one only would call a held reading live.
+    """
+
+    polls: list[tuple[int, float]] = field(default_factory=list)  # (raw_mj, power_w), the last three
+
+    def poll(self, raw_mj: int, power_w: float) -> str | None:
+        """Take one poll; "live", "held" or None (nothing learned yet)."""
+        self.polls = [*self.polls[-2:], (raw_mj, power_w)]
+        verdict = None
+        if len(self.polls) >= 2:
+            (c1, p1), (c2, p2) = self.polls[-2:]
+            if p2 != p1 and c2 != c1:
+                verdict = "held"
+        if len(self.polls) == 3:
+            (c0, p0), (c1, p1), (c2, _) = self.polls
+            if p1 != p0:
+                verdict = "live" if c2 == c0 else verdict or "held"
+        return verdict
+
+
+def learn_power(dev: GpuDevice, verdict: str | None) -> None:
+    """Record a PowerWatch verdict on ``dev``: one live sighting settles it; held holds until then."""
+    if verdict == "live":
+        dev.instant_live = True
+    elif verdict == "held" and not dev.instant_live:
+        dev.instant_held = True
+
+
+@dataclass
+class _Probe:
+    """One device's state while a boundary read polls it."""
+
+    dev: GpuDevice
+    run: int
+    last: CounterRead | None = None
+    boundary: BoundaryProbe = field(default_factory=BoundaryProbe)
+    power: PowerWatch = field(default_factory=PowerWatch)
+
+
+class CounterPoller:
+    """Polls GPUs' energy counters: boundary reads (``read_at``) and timing calibrations.
+
+    ``observe`` takes each counter value into the sensor's bookkeeping (reset detection); ``fail``
+    drops a GPU from this poll when a read raises (the sensor marks it lost or warns once);
+    ``between_polls`` runs after each round of polls (the sensor keeps integrating GPUs without a
+    counter, whose own thread waits for the poll to end).
+    """
+
+    def __init__(
+        self,
+        reads: NvmlReads,
+        sleep: Callable[[float], None],
+        poll_interval_s: float,
+        observe: Callable[[GpuDevice, int, float], None],
+        fail: Callable[[GpuDevice, SensorError], None],
+        between_polls: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.reads = reads
+        self.sleep = sleep
+        self.poll_interval_s = poll_interval_s
+        self.observe = observe
+        self.fail = fail
+        self.between_polls = between_polls
+        # Polls are jittered so their brackets fall at varied offsets around the refreshes (a fixed pace
+        # that divides the period would bracket every refresh the same way, and teach no more than one).
+        self._rng = random.Random(0x7131)
+
+    def _pause(self, round_start_s: float) -> None:
+        """Wait until the next round of polls: ``poll_interval_s`` on average after this one began, or
+        at once when the calls themselves took that long (slow calls already widen the brackets)."""
+        spent_s = self.reads.clock() - round_start_s
+        self.sleep(max(0.0, self.poll_interval_s * (0.5 + self._rng.random()) - spent_s))
+
+    def calibrate(
+        self,
+        devs: list[GpuDevice],
+        done: Callable[[GpuDevice], None] = lambda dev: None,
+        limit_s: float | None = None,
+    ) -> None:
+        """Poll the counters of ``devs`` (all in one loop, every ``poll_interval_s``, for at most
+        ``limit_s`` or else ``CounterTiming.poll_limit_s``) until each has shown enough refreshes to
+        place its phase (see ``CounterTiming.calibrated``); the instant power is read too, to learn
+        whether it is live. ``done(dev)`` runs as soon as a device is calibrated (a tick read then needs
+        the least extrapolation: the counter has just refreshed). Only a full calibration (no
+        ``limit_s``) counts as tried (``CounterTiming.tried_s``)."""
+        if not devs:
+            return
+        clock = self.reads.clock
+        start_s = clock()
+        pending = {d.key: d for d in devs}
+        limits = {d.key: d.timing.poll_limit_s() if limit_s is None else limit_s for d in devs}
+        runs = {d.key: d.timing.new_run() for d in devs}
+        seen: dict[str, list[Change]] = {d.key: [] for d in devs}
+        last: dict[str, CounterRead] = {}
+        watches = {d.key: PowerWatch() for d in devs}
+        if limit_s is None:
+            for dev in devs:
+                dev.timing.tried_s = start_s
+        polls_left = int(CALIBRATION_MAX_S / self.poll_interval_s) + 2  # a stuck clock cannot hang us
+        while pending and polls_left > 0:
+            round_start_s = clock()
+            for key, dev in list(pending.items()):
+                # The power only until it is known to be live: each read of it lengthens the poll, and
+                # so the counter's brackets (a held reading never proves itself, so it is read on).
+                watch_power = dev.has_instant and not dev.instant_live
+                try:
+                    read = self.reads.counter(dev)
+                    self.observe(dev, read.raw_mj, read.end_s)
+                    power_w = self.reads.instant_power_w(dev) if watch_power else None
+                except SensorError as exc:
+                    self.fail(dev, exc)
+                    del pending[key]
+                    continue
+                if power_w is not None:
+                    learn_power(dev, watches[key].poll(read.raw_mj, power_w))
+                before = last.get(key)
+                last[key] = read
+                if before is None:
+                    continue
+                # Only a rise is a refresh: a counter that went down was reset, at no refresh instant.
+                if read.raw_mj > before.raw_mj:
+                    change = Change.between(before, read)
+                    if dev.timing.add(change, runs[key]):
+                        seen[key].append(change)
+                    if dev.timing.calibrated(seen[key]):
+                        del pending[key]
+                        done(dev)
+            polls_left -= 1
+            self.between_polls()
+            now_s = clock()
+            for key in [k for k in pending if now_s - start_s >= limits[k]]:
+                del pending[key]
+            if not pending:
+                break
+            self._pause(round_start_s)
+        elapsed_s = clock() - start_s
+        for dev in devs:
+            if limit_s is None:
+                dev.timing.tried_ok = bool(seen[dev.key])
+            if not seen[dev.key]:
+                dev.timing.note_no_change(elapsed_s)
+                log.debug("%s: the counter did not refresh in %.2f s of calibration", dev.key, elapsed_s)
+
+    def boundary(self, devs: list[GpuDevice], t_s: float) -> dict[str, tuple[float, tuple[str, ...]]]:
+        """E(t_s) and flags per device in ``devs`` (counter devices): see ``NvmlSensor.read_at``."""
+        clock = self.reads.clock
+        probes = {d.key: _Probe(d, d.timing.new_run()) for d in devs}
+        start_s = clock()
+        waits = {}
+        for dev in devs:
+            period_s = dev.timing.period_s
+            waits[dev.key] = UNLEARNED_WAIT_S if period_s is None else WAIT_PERIODS * period_s
+        deadline_s = max(start_s, t_s) + max(waits.values(), default=0.0)
+        # Also bound the number of polls, so a clock that does not move cannot hang the agent.
+        polls_left = 2 * int((deadline_s - start_s) / self.poll_interval_s) + 10
+        done: dict[str, tuple[float, tuple[str, ...]]] = {}
+        while probes:
+            round_start_s = clock()
+            for key, probe in list(probes.items()):
+                try:
+                    change = self._poll(probe)
+                except SensorError as exc:
+                    self.fail(probe.dev, exc)
+                    del probes[key]
+                    continue
+                if change is not None and change.lo_s >= t_s:
+                    done[key] = self._pin(probe, t_s, change.at_s)
+                    del probes[key]
+            if not probes:
+                break
+            polls_left -= 1
+            self.between_polls()
+            now_s = clock()
+            if polls_left <= 0 or all(now_s >= max(start_s, t_s) + waits[k] for k in probes):
+                for key, probe in probes.items():
+                    log.debug("%s: counter did not move within %.2f s of a boundary", key, waits[key])
+                    flags: tuple[str, ...] = ("boundary_unrefined",)
+                    if probe.dev.timing.period_s is None:
+                        probe.dev.timing.note_no_change(now_s - start_s)
+                        flags += ("period_unlearned",)
+                    done[key] = (probe.dev.cumulative_j, flags)
+                break
+            self._pause(round_start_s)
+        return done
+
+    def _poll(self, probe: _Probe) -> Change | None:
+        """One poll of one device: counter, then power; the refresh bracketed since the last poll, if any."""
+        dev = probe.dev
+        read = self.reads.counter(dev)
+        self.observe(dev, read.raw_mj, read.start_s)
+        power_w, power_t_s = self.reads.timed_power_w(dev)
+        last, probe.last = probe.last, read
+        moved = last is not None and read.raw_mj > last.raw_mj  # a drop is a reset, not a refresh
+        verdict = probe.power.poll(read.raw_mj, power_w)
+        if verdict == "held":
+            probe.boundary.changed_with_counter = True
+        learn_power(dev, verdict)
+        probe.boundary.samples.append((power_t_s, power_w))
+        if probe.boundary.first_j is None:
+            probe.boundary.first_j, probe.boundary.first_t_s = dev.cumulative_j, read.start_s
+        if not moved:
+            return None
+        assert last is not None
+        change = Change.between(last, read)
+        dev.timing.add(change, probe.run)
+        return change
+
+    def _pin(self, probe: _Probe, t_s: float, t_u: float) -> tuple[float, tuple[str, ...]]:
+        """E(t_s) from the counter update at ``t_u`` and the power sampled while polling."""
+        dev = probe.dev
+        held = not dev.instant_live and dev.instant_held
+        return pin_boundary(probe.boundary, dev.cumulative_j, t_s, t_u, held, dev.timing.period_s, self.poll_interval_s)

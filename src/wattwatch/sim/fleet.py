@@ -1,7 +1,7 @@
 """Simulated GPU boards behind a fake ``pynvml`` module, so ``--simulate N`` runs the real NVML path.
 
 Board power is a pure function of (seed, board index, the board's activity timeline, t)
-(``sim_profiles``), so the exact integral is known and any process that replays the same timeline
+(``profiles``), so the exact integral is known and any process that replays the same timeline
 computes the same joules. What the fake NVML (``fake_nvml``) reports is derived from that truth the
 way the board's generation (``generations``; default ``h100``) reports it:
 
@@ -11,44 +11,39 @@ way the board's generation (``generations``; default ``h100``) reports it:
 - ``nvmlDeviceGetPowerUsage``: the mean over the averaging window ending at the last refresh (only
   over the sampled part of each period on part-time boards);
 - ``NVML_FI_DEV_POWER_INSTANT``: the live 10 ms slot, or on part-time boards the last sampled window.
+
+``flaws`` (``flaws.Flaws``, or a spec such as ``"realistic"``) adds what real hardware does besides:
+per-board refresh periods, noisy instant power, slow NVML calls, processes listed late, workloads that
+lag their job boundaries. The truth (``exact_energy_j``) is the activity timeline's integral, whatever
+the flaws.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
 import threading
 import time
-from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from wattwatch.sensors.generations import BoardGeneration
-from wattwatch.sensors.generations import generation as resolve_generation
-from wattwatch.sensors.sim_profiles import (
-    ACTIVITY_KINDS,
-    KIND_CODE,
-    Idle,
-    Profile,
-    hash_key,
-    make_profile,
-    mix64,
-    pick,
-)
+from wattwatch.sim.board import Board
+from wattwatch.sim.flaws import Flaws, parse_flaws
+from wattwatch.sim.generations import BoardGeneration
+from wattwatch.sim.generations import generation as resolve_generation
+from wattwatch.sim.profiles import ACTIVITY_KINDS, SLOT_S
 
-if TYPE_CHECKING:
-    from wattwatch.sensors.fake_nvml import FakeNvml
-
-__all__ = ["ACTIVITY_KINDS", "COUNTER_PERIOD_S", "BoardGeneration", "FakeNvml", "SimulatedFleet"]
+__all__ = ["ACTIVITY_KINDS", "COUNTER_PERIOD_S", "BoardGeneration", "Flaws", "SimulatedFleet"]
 
 log = logging.getLogger(__name__)
 
 COUNTER_PERIOD_S = 0.1  # the default (H100) energy counter / power refresh period
-PROCESS_SAMPLE_PERIOD_S = 1.0 / 6.0  # NVML samples per-process utilisation about six times a second
+
+Sleep = Callable[[float], None]
 
 
 def _fleet_file(truth_path: Path) -> Path:
@@ -56,145 +51,29 @@ def _fleet_file(truth_path: Path) -> Path:
     return truth_path.with_suffix(".fleet.json")
 
 
-def __getattr__(name: str) -> Any:
-    # FakeNvml lives in fake_nvml.py (which imports this module); keep the old import path working.
-    if name == "FakeNvml":
-        from wattwatch.sensors.fake_nvml import FakeNvml
-
-        return FakeNvml
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def resolve_flaws(spec: Flaws | str | None) -> Flaws:
+    """``spec`` as Flaws: None is an ideal board, a string is read by ``flaws.parse_flaws``."""
+    if spec is None:
+        return Flaws()
+    return parse_flaws(spec) if isinstance(spec, str) else spec
 
 
-@dataclass
-class _Segment:
-    start_s: float
-    kind: str
-    pids: frozenset[int]
-    profile: Profile
-
-
-class Board:
-    """One board's activity timeline, per-process utilisation and fault state."""
-
-    def __init__(self, seed: int, index: int, limit_mw: int) -> None:
-        self.index = index
-        self.board_key = hash_key(seed, index)
-        self.limit_mw = limit_mw
-        # The first segment is open-ended to the past, on the absolute slot grid, so that the truth does
-        # not depend on when the fleet object was created (a replay in another process gets the same joules).
-        first_profile = Idle(hash_key(self.board_key, 0), 0.0, self.board_key, limit_mw)
-        self.segments: list[_Segment] = [_Segment(-math.inf, "idle", frozenset(), first_profile)]
-        self.starts: list[float] = [-math.inf]
-        # closed_j[s]: energy from the first change (start of segment 1) to the start of segment s >= 1,
-        # so a counter read costs O(log segments) however long the fleet has run.
-        self.closed_j: list[float] = [0.0]
-        self.profiles_made = 1
-        self.observed_s = -math.inf  # latest instant NVML reported on; history before it is fixed
-        self.phase_fraction = pick(mix64(self.board_key ^ 0xFA5E), 0, 0, 999) / 1000
-        h1, h2 = mix64(self.board_key ^ 0x0D1D), mix64(self.board_key ^ 0x0D1E)
-        hex32 = f"{h1:016x}{h2:016x}"
-        self.uuid = f"GPU-{hex32[:8]}-{hex32[8:12]}-{hex32[12:16]}-{hex32[16:20]}-{hex32[20:]}"
-        self.lost = False
-        self.counter_supported = True
-        self.resets_s: list[float] = []
-        # Per-process SM utilisation (percent), piecewise constant: pid -> (change times, values).
-        self.proc_util: dict[int, tuple[list[float], list[float]]] = {}
-
-    def segment_at(self, t_s: float) -> int:
-        """Index of the activity segment holding ``t_s``."""
-        return bisect_right(self.starts, t_s) - 1
-
-    def energy_j(self, t0_s: float, t1_s: float) -> float:
-        """Exact integral over ``[t0_s, t1_s]``, summed segment by segment (bit-identical in a replay)."""
-        total = 0.0
-        s = self.segment_at(t0_s)
-        while s < len(self.segments) and self.starts[s] < t1_s:
-            seg = self.segments[s]
-            end = self.starts[s + 1] if s + 1 < len(self.segments) else math.inf
-            lo, hi = max(t0_s, seg.start_s), min(t1_s, end)
-            if hi > lo:
-                total += seg.profile.energy_j(lo, hi)
-            s += 1
-        return total
-
-    def _since_first_change_j(self, s: int, t_s: float) -> float:
-        seg = self.segments[s]
-        if s == 0:
-            return -seg.profile.energy_j(t_s, self.starts[1])
-        return self.closed_j[s] + seg.profile.energy_j(seg.start_s, t_s)
-
-    def fast_energy_j(self, t0_s: float, t1_s: float) -> float:
-        """Energy over ``[t0_s, t1_s]`` in O(log segments); equal to ``energy_j`` up to float rounding."""
-        s0, s1 = self.segment_at(t0_s), self.segment_at(t1_s)
-        if s0 == s1:
-            return self.segments[s0].profile.energy_j(t0_s, t1_s)
-        return self._since_first_change_j(s1, t1_s) - self._since_first_change_j(s0, t0_s)
-
-    def power_mw(self, t_s: float) -> int:
-        """True power at ``t_s`` in mW."""
-        return self.segments[self.segment_at(t_s)].profile.power_mw_at(t_s)
-
-    def change(self, kind: str, t_s: float, pid: int | None, square: tuple[float, int, int] | None = None) -> None:
-        """Start activity ``kind`` at ``t_s`` (the caller has checked ``t_s`` is not in reported history)."""
-        last = self.segments[-1]
-        pids = set(last.pids)
-        if kind == "idle":
-            if pid is None:
-                pids.clear()
-            else:
-                pids.discard(pid)
-        elif pid is not None:
-            pids.add(pid)
-        if kind == last.kind and kind != "square":
-            # Same activity (another process joined): the profile keeps its phase, only pids change.
-            profile = last.profile
-        else:
-            key = hash_key(self.board_key, self.profiles_made, KIND_CODE[kind])
-            profile = make_profile(kind, key, t_s, self.board_key, self.limit_mw, square)
-            self.profiles_made += 1
-        if len(self.segments) > 1:  # the last segment closes at t_s
-            self.closed_j.append(self.closed_j[-1] + last.profile.energy_j(last.start_s, t_s))
-        else:
-            self.closed_j.append(0.0)
-        self.segments.append(_Segment(t_s, kind, frozenset(pids), profile))
-        self.starts.append(t_s)
-
-    def process_util(self, pid: int, t_s: float) -> float:
-        """SM utilisation (percent) of ``pid`` at ``t_s``; 0 when it has none."""
-        times, values = self.proc_util.get(pid, ([], []))
-        i = bisect_right(times, t_s) - 1
-        return values[i] if i >= 0 else 0.0
-
-    def mean_process_util(self, pid: int, t0_s: float, t1_s: float) -> float:
-        """Time-weighted mean SM utilisation of ``pid`` over ``(t0_s, t1_s]``."""
-        times, values = self.proc_util.get(pid, ([], []))
-        if t1_s <= t0_s:
-            return self.process_util(pid, t1_s)
-        total = 0.0
-        i = bisect_right(times, t0_s) - 1
-        level = values[i] if i >= 0 else 0.0
-        cursor = t0_s
-        for t, v in zip(times[i + 1 :], values[i + 1 :], strict=True):
-            if t >= t1_s:
-                break
-            total += level * (t - cursor)
-            cursor, level = t, v
-        total += level * (t1_s - cursor)
-        return total / (t1_s - t0_s)
-
-    def active_pids(self, t_s: float) -> set[int]:
-        """Pids running at ``t_s``: those of the activity segment and those with utilisation above 0."""
-        pids = set(self.segments[self.segment_at(t_s)].pids)
-        pids.update(pid for pid in self.proc_util if self.process_util(pid, t_s) > 0)
-        return pids
+def _default_sleep(clock: Callable[[], float]) -> Sleep | None:
+    """How time passes on ``clock``: its own ``sleep`` (a FakeClock), or real sleep for real time."""
+    own = getattr(clock, "sleep", None)
+    if callable(own):
+        return own  # type: ignore[no-any-return]
+    return time.sleep if clock is time.time else None
 
 
 class SimulatedFleet:
     """``n_gpus`` simulated boards of one ``generation`` whose power follows the activities you set.
 
     ``generation`` is a preset name (``h100`` by default; see ``generations.GENERATIONS``) or a
-    BoardGeneration. Thread-safe: the agent's threads read through ``module()`` while a driver sets
-    activities.
+    BoardGeneration; ``flaws`` a ``Flaws`` or a spec for ``flaws.parse_flaws``. ``sleep`` is how an
+    NVML call spends its latency: by default the clock's own ``sleep`` (a ``FakeClock``), or real
+    sleep on the real clock. Thread-safe: the agent's threads read through ``module()`` while a driver
+    sets activities.
     """
 
     def __init__(
@@ -206,18 +85,27 @@ class SimulatedFleet:
         model: str | None = None,
         truth_path: Path | None = None,
         generation: str | BoardGeneration = "h100",
+        flaws: Flaws | str | None = None,
+        sleep: Sleep | None = None,
     ) -> None:
         if n_gpus < 1:
             raise ValueError(f"a simulated fleet needs at least one GPU, got {n_gpus}")
         self.generation = resolve_generation(generation)
+        self.flaws = resolve_flaws(flaws)
+        resolved_sleep = sleep if sleep is not None else _default_sleep(clock)
+        if resolved_sleep is None and (self.flaws.call_latency_s or self.flaws.call_jitter_s):
+            raise ValueError("NVML call latency on a custom clock needs sleep= (how that clock's time passes)")
+        self.sleep: Sleep = resolved_sleep or time.sleep
         self.n_gpus = n_gpus
         self.seed = seed
         self.clock = clock
         self.model = model or self.generation.model
         self.created_s = clock()
         self._lock = threading.RLock()
+        self._views = itertools.count()  # modules made so far (each draws NVML call times of its own)
         limit_mw = round(self.generation.power_limit_w * 1000)
-        self._boards = [Board(seed, i, limit_mw) for i in range(n_gpus)]
+        period_s = self.generation.update_period_s
+        self._boards = [Board(seed, i, limit_mw, period_s, self.flaws) for i in range(n_gpus)]
         for board in self._boards:
             board.counter_supported = self.generation.energy_counter
         self.truth_path = truth_path
@@ -228,11 +116,12 @@ class SimulatedFleet:
             _fleet_file(truth_path).write_text(json.dumps(self._identity()), encoding="utf-8")
 
     def _identity(self) -> dict[str, Any]:
-        """What makes two fleets the same boards: size, seed, generation and "driver load" time."""
+        """What makes two fleets the same boards: size, seed, generation, flaws and "driver load" time."""
         return {
             "n_gpus": self.n_gpus,
             "seed": self.seed,
             "generation": dataclasses.asdict(self.generation),
+            "flaws": self.flaws.as_dict(),
             "created_s": self.created_s,
         }
 
@@ -246,13 +135,16 @@ class SimulatedFleet:
         clock: Callable[[], float] = time.time,
         model: str | None = None,
         generation: str | BoardGeneration = "h100",
+        flaws: Flaws | str | None = None,
+        sleep: Sleep | None = None,
     ) -> SimulatedFleet:
         """The same boards again in a new process (the agent restarted, or was killed): the fleet that
         wrote ``truth_path`` continues, with its "driver load" time (energy counters keep counting, their
         update phase is kept) and its activity timeline; the truth log is appended to. A fleet of another
-        size, seed or generation, or none at all, starts afresh as the constructor does.
+        size, seed, generation or flaws, or none at all, starts afresh as the constructor does.
         """
-        fresh = cls(n_gpus, seed=seed, clock=clock, model=model, generation=generation)
+        same_boards: dict[str, Any] = {"model": model, "generation": generation, "flaws": flaws, "sleep": sleep}
+        fresh = cls(n_gpus, seed=seed, clock=clock, **same_boards)
         try:
             saved = json.loads(_fleet_file(truth_path).read_text(encoding="utf-8"))
             text = truth_path.read_text(encoding="utf-8")
@@ -262,11 +154,11 @@ class SimulatedFleet:
             k: v for k, v in fresh._identity().items() if k != "created_s"
         }
         if not same:
-            return cls(n_gpus, seed=seed, clock=clock, model=model, truth_path=truth_path, generation=generation)
+            return cls(n_gpus, seed=seed, clock=clock, truth_path=truth_path, **same_boards)
         assert isinstance(saved, dict)
         # A line the killed process was writing is dropped, so appending starts on a line of its own.
         truth_path.write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
-        fleet = cls.replay(truth_path, n_gpus, seed=seed, clock=clock, model=model, generation=generation)
+        fleet = cls.replay(truth_path, n_gpus, seed=seed, clock=clock, **same_boards)
         fleet.created_s = float(saved["created_s"])
         fleet.truth_path = truth_path
         fleet._truth = truth_path.open("a", encoding="utf-8")
@@ -282,9 +174,11 @@ class SimulatedFleet:
         clock: Callable[[], float] = time.time,
         model: str | None = None,
         generation: str | BoardGeneration = "h100",
+        flaws: Flaws | str | None = None,
+        sleep: Sleep | None = None,
     ) -> SimulatedFleet:
         """Rebuild a fleet from another process's truth log; its ``exact_energy_j`` gives the same joules."""
-        fleet = cls(n_gpus, seed=seed, clock=clock, model=model, generation=generation)
+        fleet = cls(n_gpus, seed=seed, clock=clock, model=model, generation=generation, flaws=flaws, sleep=sleep)
         text = truth_path.read_text(encoding="utf-8")
         lines = text.split("\n")
         for number, line in enumerate(lines[:-1], start=1):  # the last piece may be a line being written
@@ -366,6 +260,8 @@ class SimulatedFleet:
         else:
             times.append(t_used)
             values.append(float(sm_util_percent))
+        if sm_util_percent > 0:
+            board.note_active(pid, t_used)
         return t_used
 
     def process_utilization(self, index: int, pid: int, t_s: float) -> float:
@@ -426,10 +322,26 @@ class SimulatedFleet:
 
     # -- what NVML would report ---------------------------------------------------------------------
 
+    def refresh_period_s(self, index: int) -> float:
+        """How often board ``index``'s counter and power readings refresh (the generation's period, or
+        the one the flaws drew for this board)."""
+        return self._board(index).refresh_period_s
+
+    @property
+    def process_sample_period_s(self) -> float:
+        """How often NVML samples per-process utilisation on these boards."""
+        return self.flaws.process_sample_period_s or self.generation.process_sample_period_s
+
+    def load_lag_s(self, job: str, edge: str) -> float:
+        """How late job ``job``'s load follows its ``edge`` (``start`` | ``end``) boundary (0 without the
+        workload-lag flaw; negative: the load ends before the job closes). The same for the same job."""
+        return self.flaws.lag_s(job, edge)
+
     def last_update_s(self, index: int, t_s: float) -> float:
         """The board's last counter/power refresh at or before ``t_s`` (update-period grid, per-board phase)."""
-        period_s = self.generation.update_period_s
-        origin_s = self.created_s + self._board(index).phase_fraction * period_s
+        board = self._board(index)
+        period_s = board.refresh_period_s
+        origin_s = self.created_s + board.phase_fraction * period_s
         return origin_s + math.floor((t_s - origin_s) / period_s) * period_s
 
     def counter_mj(self, index: int, t_s: float) -> int:
@@ -445,35 +357,58 @@ class SimulatedFleet:
             quantum = self.generation.counter_quantum_mj
             return max(0, math.floor(1000.0 * board.fast_energy_j(origin_s, u) / quantum) * quantum)
 
-    def _sampled_mean_mw(self, board: Board, u: float, window_s: float) -> int:
+    def _sampled_mean_mw(self, board: Board, u: float, window_s: float) -> float:
         """Mean power over the sampled parts of the refresh periods in ``[u - window_s, u]``."""
-        gen = self.generation
+        gen, period_s = self.generation, board.refresh_period_s
         if gen.sampled_fraction >= 1.0:
-            return round(1000.0 * board.fast_energy_j(u - window_s, u) / window_s)
-        periods = max(1, round(window_s / gen.update_period_s))
-        seen_s = gen.sampled_fraction * gen.update_period_s
-        energy_j = sum(
-            board.fast_energy_j(u - k * gen.update_period_s - seen_s, u - k * gen.update_period_s)
-            for k in range(periods)
-        )
-        return round(1000.0 * energy_j / (periods * seen_s))
+            return 1000.0 * board.fast_energy_j(u - window_s, u) / window_s
+        periods = max(1, round(window_s / period_s))
+        seen_s = gen.sampled_fraction * period_s
+        energy_j = sum(board.fast_energy_j(u - k * period_s - seen_s, u - k * period_s) for k in range(periods))
+        return 1000.0 * energy_j / (periods * seen_s)
+
+    def _reading_mw(self, board: Board, true_mw: float, slot: int, readings: int = 1) -> int:
+        """A power reading: the true value plus the noise of ``slot`` (a mean of ``readings`` noisy
+        readings carries 1/sqrt(readings) of it), never below zero."""
+        noise_mw = 1000.0 * self.flaws.noise_w(board.board_key, slot) / math.sqrt(readings)
+        return max(0, round(true_mw + noise_mw))
 
     def average_power_mw(self, index: int, t_s: float) -> int:
         """``nvmlDeviceGetPowerUsage`` as read at ``t_s``: mean power over the averaging window before the
-        last refresh (the sampled part of it, on part-time boards)."""
+        last refresh (the sampled part of it, on part-time boards), with the noise flaw's share."""
         with self._lock:
             board = self._board(index)
-            return self._sampled_mean_mw(board, self.last_update_s(index, t_s), self.generation.average_window_s)
+            u = self.last_update_s(index, t_s)
+            window_s = self.generation.average_window_s
+            readings = max(1, round(window_s / board.refresh_period_s))
+            return self._reading_mw(board, self._sampled_mean_mw(board, u, window_s), round(u * 1e6), readings)
 
     def instant_power_mw(self, index: int, t_s: float) -> int:
-        """``NVML_FI_DEV_POWER_INSTANT`` as read at ``t_s``: the live power, or on part-time boards the mean
-        over the sampled part of the last refresh period, held until the next refresh."""
+        """``NVML_FI_DEV_POWER_INSTANT`` as read at ``t_s``: the live power (of the current 10 ms slot), or
+        on part-time boards the mean over the sampled part of the last refresh period, held until the
+        next refresh; plus the noise flaw."""
         with self._lock:
             board = self._board(index)
             if self.generation.instant_live:
-                return board.power_mw(t_s)
-            period_s = self.generation.update_period_s
-            return self._sampled_mean_mw(board, self.last_update_s(index, t_s), period_s)
+                return self._reading_mw(board, board.power_mw(t_s), math.floor(t_s / SLOT_S))
+            u = self.last_update_s(index, t_s)
+            return self._reading_mw(board, self._sampled_mean_mw(board, u, board.refresh_period_s), round(u * 1e6))
+
+    def visible_from_s(self, index: int, pid: int) -> float:
+        """When NVML first lists process ``pid`` on board ``index``: the process-delay flaw after it
+        first ran there (``inf`` when it never did)."""
+        with self._lock:
+            board = self._board(index)
+            first_s = board.first_active_s.get(pid)
+            if first_s is None:
+                return math.inf
+            return first_s + self.flaws.process_delay_for(board.board_key, pid)
+
+    def listed_pids(self, index: int, t_s: float) -> list[int]:
+        """The processes NVML lists on board ``index`` at ``t_s``: those running that it already knows."""
+        with self._lock:
+            board = self._board(index)
+            return sorted(pid for pid in board.active_pids(t_s) if self.visible_from_s(index, pid) <= t_s)
 
     def observe(self, index: int) -> tuple[Board, float]:
         """The board and the time of an NVML call on it (history before that time becomes fixed).
@@ -483,7 +418,7 @@ class SimulatedFleet:
         board = self._board(index)
         now = self.clock()
         if board.lost:
-            from wattwatch.sensors.fake_nvml import real_pynvml
+            from wattwatch.sim.fake_nvml import real_pynvml
 
             nvml = real_pynvml()
             raise nvml.NVMLError(nvml.NVML_ERROR_GPU_IS_LOST)
@@ -503,6 +438,6 @@ class SimulatedFleet:
         """A fake ``pynvml`` module over this fleet (a ``FakeNvml``, ``WATTWATCH_SIMULATED = True``); each
         call is a new "process" view with its own ``nvmlInit`` count. Typed ``Any``, like the real module:
         its NVML constants and error classes are copied in at run time."""
-        from wattwatch.sensors.fake_nvml import FakeNvml
+        from wattwatch.sim.fake_nvml import FakeNvml
 
-        return FakeNvml(self)
+        return FakeNvml(self, next(self._views))

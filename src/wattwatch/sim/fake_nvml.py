@@ -4,22 +4,28 @@ Same function names, signatures and result shapes as nvidia-ml-py, and the real 
 ``NVMLError`` classes, ``NVML_*`` constants and ctypes structures, so code written against pynvml
 (wattwatch's NVML sensor, CodeCarbon) runs against it unchanged. Each value is what the board's
 generation would report (``SimulatedFleet.counter_mj``, ``average_power_mw``, ``instant_power_mw``).
+With the fleet's flaws, every ``nvml*`` call also takes time (``Flaws.call_latency_s`` plus jitter;
+the value is read at a random point inside the call) and processes are listed only once NVML knows
+them (``SimulatedFleet.listed_pids``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-from typing import TYPE_CHECKING, Any
-
-from wattwatch.sensors.simulated import PROCESS_SAMPLE_PERIOD_S
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from wattwatch.sensors.simulated import Board, SimulatedFleet
+    from wattwatch.sim.board import Board
+    from wattwatch.sim.fleet import SimulatedFleet
 
 DRIVER_VERSION = "550.54.15"
 NVML_VERSION = "12.550.54.15"
 PROCESS_BUFFER_S = 10.0  # how far back the fake's per-process sample buffer reaches
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def real_pynvml() -> Any:
@@ -49,7 +55,7 @@ class FakeNvml:
 
     WATTWATCH_SIMULATED = True
 
-    def __init__(self, fleet: SimulatedFleet) -> None:
+    def __init__(self, fleet: SimulatedFleet, view: int = 0) -> None:
         real = real_pynvml()
         for name in dir(real):
             if name.startswith(("NVML_", "NVMLError", "c_nvml", "nvmlFriendlyObject")):
@@ -60,6 +66,12 @@ class FakeNvml:
         self._memory_total_b = fleet.generation.memory_total_b
         self._inits = 0
         self._init_lock = threading.Lock()
+        # Each view (the fleet's n-th module) draws its call durations from a seeded stream of its own.
+        self._cost = fleet.flaws.call_rng(view)
+
+    def _spend(self, seconds: float) -> None:
+        if seconds > 0:
+            self._fleet.sleep(seconds)
 
     # -- library ------------------------------------------------------------------------------------
 
@@ -103,6 +115,9 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
         """Handle of board ``index``; InvalidArgument when out of range."""
+        return self._handle(index)
+
+    def _handle(self, index: int) -> _Handle:
         self._check()
         if not isinstance(index, int) or not 0 <= index < self._fleet.n_gpus:
             raise self._real.NVMLError(self._real.NVML_ERROR_INVALID_ARGUMENT)
@@ -116,7 +131,7 @@ class FakeNvml:
         text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
         for i in range(self._fleet.n_gpus):
             if self._fleet.uuid(i) == text:
-                return self.nvmlDeviceGetHandleByIndex(i)
+                return self._handle(i)
         raise self._real.NVMLError(self._real.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
@@ -223,7 +238,7 @@ class FakeNvml:
         with self._fleet.lock:
             board, now = self._board(handle)
             used = self._memory_used_b(board, now)
-            pids = sorted(board.active_pids(now))
+            pids = self._fleet.listed_pids(board.index, now)
         share = used // len(pids) if pids else 0
         fields = {"usedGpuMemory": share, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
         return [self._real.nvmlFriendlyObject({"pid": pid, **fields}) for pid in pids]
@@ -231,22 +246,27 @@ class FakeNvml:
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
         """``c_nvmlProcessUtilizationSample_t`` per process and sample since ``timeStamp`` (CPU time, µs).
 
-        Like NVML: samples on a ~1/6 s grid (per-board phase), each the process's mean utilisation over
-        the sample period, only for processes with some utilisation in it; ``NVMLError_NotFound`` when
-        there is no sample since ``timeStamp``. The buffer reaches back ``PROCESS_BUFFER_S``.
+        Like NVML: samples on the fleet's process sample period (~1/6 s, per-board phase), each the
+        process's mean utilisation over the sample period, only for processes with some utilisation in
+        it and only once NVML lists the process; ``NVMLError_NotFound`` when there is no sample since
+        ``timeStamp``. The buffer reaches back ``PROCESS_BUFFER_S``.
         """
         real = self._real
         samples: list[Any] = []
+        period_s = self._fleet.process_sample_period_s
         with self._fleet.lock:
             board, now = self._board(handle)
-            origin_s = self._fleet.created_s + board.phase_fraction * PROCESS_SAMPLE_PERIOD_S
+            origin_s = self._fleet.created_s + board.phase_fraction * period_s
             since_s = max(int(timeStamp) / 1e6, now - PROCESS_BUFFER_S)
-            k = math.floor((since_s - origin_s) / PROCESS_SAMPLE_PERIOD_S) + 1
-            while (grid_s := origin_s + k * PROCESS_SAMPLE_PERIOD_S) <= now:
+            k = math.floor((since_s - origin_s) / period_s) + 1
+            listed_from = {pid: self._fleet.visible_from_s(board.index, pid) for pid in board.proc_util}
+            while (grid_s := origin_s + k * period_s) <= now:
                 stamp_us = int(grid_s * 1e6)
                 if stamp_us > int(timeStamp):
                     for pid in sorted(board.proc_util):
-                        sm = board.mean_process_util(pid, grid_s - PROCESS_SAMPLE_PERIOD_S, grid_s)
+                        if grid_s < listed_from[pid]:
+                            continue  # NVML did not know the process yet
+                        sm = board.mean_process_util(pid, grid_s - period_s, grid_s)
                         if sm > 0:
                             samples.append(
                                 real.c_nvmlProcessUtilizationSample_t(
@@ -281,3 +301,22 @@ class FakeNvml:
         with self._fleet.lock:
             self._board(handle)
         return int(self._real.NVML_COMPUTEMODE_DEFAULT)
+
+
+def _costs_time(fn: _F) -> _F:
+    """``fn`` as an NVML call that takes time: part before the value is read, the rest after."""
+
+    @functools.wraps(fn)
+    def call(self: FakeNvml, *args: Any, **kwargs: Any) -> Any:
+        before_s, after_s = self._cost.draw()
+        self._spend(before_s)
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self._spend(after_s)
+
+    return call  # type: ignore[return-value]
+
+
+for _name in [n for n in vars(FakeNvml) if n.startswith("nvml")]:
+    setattr(FakeNvml, _name, _costs_time(getattr(FakeNvml, _name)))

@@ -38,12 +38,14 @@ class BoardGeneration:
     instant_live: bool = True
     # The counter moves in steps of this many mJ.
     counter_quantum_mj: int = 1
+    # NVML samples each process's utilisation on this period (about six times a second).
+    process_sample_period_s: float = 1.0 / 6.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.sampled_fraction <= 1.0:
             raise ValueError(f"sampled_fraction must be in (0, 1], got {self.sampled_fraction}")
-        if self.update_period_s <= 0 or self.average_window_s <= 0:
-            raise ValueError("update_period_s and average_window_s must be positive")
+        if self.update_period_s <= 0 or self.average_window_s <= 0 or self.process_sample_period_s <= 0:
+            raise ValueError("update_period_s, average_window_s and process_sample_period_s must be positive")
         if self.counter_quantum_mj < 1:
             raise ValueError(f"counter_quantum_mj must be >= 1, got {self.counter_quantum_mj}")
 

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from test_storage import CPU, GPUS, T0, batch, iv
 from wattwatch import limits, wire
 from wattwatch.collector import create_app
-from wattwatch.collector.contract import BEARER, OPEN_PATHS, SINCE_PATTERN
+from wattwatch.collector.contract import BEARER, OPEN_PATHS, PATTERN_HINTS, SINCE_PATTERN
 from wattwatch.config import Settings
 from wattwatch.storage import migrate, tokens
 from wattwatch.storage.engine import make_engine
@@ -284,6 +284,8 @@ def test_parameters_outside_the_document_are_422_naming_them(served: Served) -> 
     for query, field in OUTSIDE_THE_DOCUMENT.items():
         r = served.client.get(f"/api/v1/report?{query}", headers=bearer(served.token))
         assert r.status_code == 422 and r.json()["field"] == field, (query, r.text)
+    r = served.client.get("/api/v1/jobs?since=1e3", headers=bearer(served.token))
+    assert r.json()["error"] == "since: '1e3' is not " + PATTERN_HINTS["since"]
     for since in ("90s", "15m", "12h", "7d", "2w", "3600", "1.5h", "7D"):
         r = served.client.get(f"/api/v1/jobs?since={since}", headers=bearer(served.token))
         assert r.status_code == 200, (since, r.text)

@@ -142,7 +142,11 @@ def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
         first = exc.errors()[0] if exc.errors() else {"loc": ("request",), "msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body", "header")]
         field = ".".join(loc) or "request"
-        return JSONResponse({"error": f"{field}: {first.get('msg', 'invalid')}", "field": field}, status_code=422)
+        message = f"{field}: {first.get('msg', 'invalid')}"
+        if first.get("type") == "string_pattern_mismatch" and field in contract.PATTERN_HINTS:
+            # A regular expression tells a person little; say what a good value looks like.
+            message = f"{field}: {first.get('input')!r} is not {contract.PATTERN_HINTS[field]}"
+        return JSONResponse({"error": message, "field": field}, status_code=422)
 
     def database_error(_request: Request, exc: Exception) -> JSONResponse:
         # Sync handler: FastAPI runs it in the thread pool, and check_schema talks to the database.

@@ -69,6 +69,14 @@ JobId = Annotated[
     str, Path(min_length=_KEY.min_length, max_length=_KEY.max_length, pattern=_KEY.pattern, description="a job's id")
 ]
 
+# What a value of a parameter with a pattern looks like, for its 422 (app.py's validation handler).
+_JOB_ID_HINT = "a job id: 1-200 characters of A-Za-z0-9_.:@/-"
+PATTERN_HINTS = {
+    "since": "a duration: a number and a unit (s, m, h, d, w), e.g. 90s, 15m, 12h, 7d; bare: seconds",
+    "job": _JOB_ID_HINT,
+    "job_id": _JOB_ID_HINT,
+}
+
 _DESCRIPTIONS = {
     401: "No token, or a token unknown or revoked (once any token exists, every route but /healthz and "
     "/readyz needs one)",

@@ -12,15 +12,19 @@ energy, its setup energy (the process's time on the GPU before the job), and the
 first job's start to the last one's end. (b) Two processes on the GPU at 70 % and 30 % SM utilisation, both
 there before either opens its ``--share-s`` job.
 
+``--sim-flaws SPEC`` runs every ``wattwatch up`` with ``--sim-flaws SPEC`` (the simulator with real
+hardware's flaws, e.g. ``realistic`` or ``realistic,refresh_ms=20``; see ``wattwatch.sim.flaws``); the
+tables' captions say which.
+
 The truth, every time: the simulator's exact integral of its boards' power between the instants the
 report gives (a job's start and end), computed by the simulator from its own log (``simulated-gpus.jsonl``,
 replayed), never by wattwatch's accounting; for the shared GPU, each process's set share (70/30) of it.
 Each scenario runs ``--runs`` times; the tables give min to max over runs (and over the jobs of a row).
 
 Run: ``python benchmarks/pipeline.py [--runs 3] [--part all|pipeline|setup] [--db sqlite|postgresql|both]
-[--postgres URL]`` (about 12 s per pipeline run and 25 s per setup run on a 2-core machine: some 2 minutes
-at the defaults, twice that with ``--db both``). PostgreSQL runs get a scratch database each on the
-``--postgres`` server (default WATTWATCH_TEST_PG_URL, else postgresql://postgres@127.0.0.1:5432/test).
+[--postgres URL] [--sim-flaws SPEC]`` (about 12 s per pipeline run and 25 s per setup run on a 2-core
+machine: some 2 minutes at the defaults, twice that with ``--db both``). PostgreSQL runs get a scratch
+database each on the ``--postgres`` server (default WATTWATCH_TEST_PG_URL, else postgresql://postgres@127.0.0.1:5432/test).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mdtable import command, paragraph, table
 from realprocs import PG_DEFAULT_URL, WATTWATCH, BenchError, Up, check_exit, running_up, scratch_postgres
 
+from wattwatch.sim.flaws import parse_flaws
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 
@@ -107,9 +112,10 @@ def jobs_by_name(report: dict[str, Any], names: Sequence[str]) -> dict[str, dict
     return jobs
 
 
-def pipeline_once(workdir: Path, db_url: str, db: str, rows: dict[str, Row]) -> None:
-    """One run of the pipeline scenario; adds each job's figures to ``rows``."""
-    with running_up(workdir, db_url, "--interval", "2", gpus=4) as up:
+def pipeline_once(workdir: Path, db_url: str, db: str, rows: dict[str, Row], sim: Sequence[str] = ()) -> None:
+    """One run of the pipeline scenario (``sim``: more ``wattwatch up`` arguments, e.g. its flaws); adds
+    each job's figures to ``rows``."""
+    with running_up(workdir, db_url, "--interval", "2", *sim, gpus=4) as up:
         train = subprocess.Popen(
             [*WATTWATCH, "run", "--kind", "training", "--name", "llama-ft", "--label", "team=nlp", "--", *TRAIN],
             env={**up.env, "CUDA_VISIBLE_DEVICES": "0,1"},
@@ -227,9 +233,11 @@ def setup_gpu_j(up: Up, job: dict[str, Any]) -> float:
     return float(sum(e["gpu_energy_j"] for e in entries if e is not None))
 
 
-def jobs_in_turn_once(workdir: Path, db_url: str, db: str, n_jobs: int, rows: dict[str, Row]) -> None:
-    """One run of the jobs-in-turn scenario; adds its figures to ``rows``."""
-    with running_up(workdir, db_url, "--interval", "1", gpus=1) as up:
+def jobs_in_turn_once(
+    workdir: Path, db_url: str, db: str, n_jobs: int, rows: dict[str, Row], sim: Sequence[str] = ()
+) -> None:
+    """One run of the jobs-in-turn scenario (``sim`` as for ``pipeline_once``); adds its figures to ``rows``."""
+    with running_up(workdir, db_url, "--interval", "1", *sim, gpus=1) as up:
         check_exit(on_gpu0(up, JOBS_IN_TURN, str(n_jobs)), "the SDK process")
         up.stop()
         names = [f"job-{i}" for i in range(n_jobs)]
@@ -248,11 +256,14 @@ def jobs_in_turn_once(workdir: Path, db_url: str, db: str, n_jobs: int, rows: di
         rows["stretch"].add(db, stretch_s, held_j, exact_gpu_j(up, first, first["started_at_s"], last["ended_at_s"]))
 
 
-def sharing_once(workdir: Path, db_url: str, db: str, job_s: float, rows: dict[str, Row]) -> None:
-    """One run of the two-processes-sharing scenario; adds its figures to ``rows``."""
+def sharing_once(
+    workdir: Path, db_url: str, db: str, job_s: float, rows: dict[str, Row], sim: Sequence[str] = ()
+) -> None:
+    """One run of the two-processes-sharing scenario (``sim`` as for ``pipeline_once``); adds its figures
+    to ``rows``."""
     flags = workdir / "flags"
     flags.mkdir(parents=True)
-    with running_up(workdir, db_url, "--interval", "1", gpus=1) as up:
+    with running_up(workdir, db_url, "--interval", "1", *sim, gpus=1) as up:
         a = on_gpu0(up, SHARER, "70", "big", "small", str(flags), str(job_s))
         b = on_gpu0(up, SHARER, "30", "small", "big", str(flags), str(job_s))
         check_exit(a, "the 70 % process")
@@ -317,10 +328,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--postgres", default=PG_DEFAULT_URL, metavar="URL", help="PostgreSQL server for --db postgresql")
     ap.add_argument("--jobs", type=int, default=8, help="jobs in turn in the setup part")
     ap.add_argument("--share-s", type=float, default=4.0, help="length of each sharing job in the setup part")
+    ap.add_argument(
+        "--sim-flaws",
+        default="",
+        metavar="SPEC",
+        help="simulated hardware flaws for every run (wattwatch up --sim-flaws)",
+    )
     args = ap.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     if args.runs < 1 or args.jobs < 2 or args.share_s <= 0:
         ap.error("--runs must be at least 1, --jobs at least 2 and --share-s positive")
+    sim: list[str] = []
+    flaws_note = ""
+    if args.sim_flaws:
+        try:
+            flaws = parse_flaws(args.sim_flaws)
+        except ValueError as exc:
+            ap.error(f"--sim-flaws: {exc}")
+        sim = ["--sim-flaws", args.sim_flaws]
+        flaws_note = f", `--sim-flaws {args.sim_flaws}` ({flaws.describe()})"
     dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     where = " and ".join(DATABASES[db] for db in dbs)
     runs = f"{args.runs} run{'s' if args.runs > 1 else ''} on {where}"
@@ -334,11 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmp_dir)
         if args.part in ("all", "pipeline"):
             rows = {name: Row() for name, _, _ in PIPELINE_ROWS}
-            run_all(dbs, args.runs, args.postgres, lambda w, u, d: pipeline_once(w, u, d, rows), tmp, "pipeline")
+            run_all(dbs, args.runs, args.postgres, lambda w, u, d: pipeline_once(w, u, d, rows, sim), tmp, "pipeline")
             print(
                 paragraph(
-                    "**Whole pipeline** (real `wattwatch up --simulate 4`, 2 s tick, `wattwatch run` and SDK processes,"
-                    f" `wattwatch report --format json`; {runs}): each job's GPU energy against {truth}; min to max"
+                    f"**Whole pipeline** (real `wattwatch up --simulate 4`, 2 s tick{flaws_note}, `wattwatch run` and"
+                    f" SDK processes, `wattwatch report --format json`; {runs}): each job's GPU energy against {truth};"
+                    " min to max"
                     " over runs:"
                 )
             )
@@ -346,18 +373,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.part in ("all", "setup"):
             rows = {key: Row() for key in SETUP_ROWS}
             run_all(
-                dbs, args.runs, args.postgres, lambda w, u, d: jobs_in_turn_once(w, u, d, args.jobs, rows), tmp, "turn"
+                dbs,
+                args.runs,
+                args.postgres,
+                lambda w, u, d: jobs_in_turn_once(w, u, d, args.jobs, rows, sim),
+                tmp,
+                "turn",
             )
             run_all(
-                dbs, args.runs, args.postgres, lambda w, u, d: sharing_once(w, u, d, args.share_s, rows), tmp, "share"
+                dbs,
+                args.runs,
+                args.postgres,
+                lambda w, u, d: sharing_once(w, u, d, args.share_s, rows, sim),
+                tmp,
+                "share",
             )
             labels = {key: label.format(n=args.jobs) for key, label in SETUP_ROWS.items()}
             print(
                 paragraph(
-                    "**Processes on the GPU before their jobs** (real `wattwatch up --simulate 1`, 1 s tick, SDK"
-                    f" processes; {runs}): GPU energy of each job and of its setup (the process's time on the GPU"
-                    f" before the job) against {truth}; for the shared GPU, each process's set share of it (70/30);"
-                    " min to max over runs and jobs:"
+                    "**Processes on the GPU before their jobs** (real `wattwatch up --simulate 1`, 1 s tick"
+                    f"{flaws_note}, SDK processes; {runs}): GPU energy of each job and of its setup (the process's"
+                    f" time on the GPU before the job) against {truth}; for the shared GPU, each process's set share"
+                    " of it (70/30); min to max over runs and jobs:"
                 )
             )
             print(render("energy of", rows, labels, dbs))

@@ -17,6 +17,7 @@ from wattwatch.sensors.base import DeviceInfo, Sensor
 from wattwatch.sensors.nvml import NvmlSensor, nvml_errors, resolve_visible, translate_nvml_error
 from wattwatch.sensors.nvml_grid import Change
 from wattwatch.sim.clock import FakeClock
+from wattwatch.sim.flaws import Flaws
 from wattwatch.sim.fleet import SimulatedFleet
 
 T0 = 1_700_000_000.0
@@ -175,6 +176,34 @@ def test_boundary_reads_measure_a_10s_job_within_0_1_percent() -> None:
     errors = boundary_errors(10.0, 15)
     for index, errs in errors.items():
         assert statistics.mean(abs(e) for e in errs) < 0.001, index
+
+
+@pytest.mark.parametrize("refresh_ms", [20, 100])
+def test_a_boundary_right_behind_another_is_pinned_from_its_polls(refresh_ms: int) -> None:
+    """Two jobs end 1 ms apart, and the load drops (training to idle) 30 % of a refresh later, before the
+    counter's next refresh. The first read polls until that refresh; the second, read after it, is pinned
+    from the first one's polls, not extrapolated back from a poll past the drop."""
+    clock = FakeClock()
+    fleet = SimulatedFleet(1, seed=3, clock=clock, flaws=Flaws(refresh_period_s=(refresh_ms / 1e3, refresh_ms / 1e3)))
+    sensor = NvmlSensor(fleet.module(), clock=clock, sleep=clock.sleep, power_sample_interval_s=None)
+    period_s = fleet.refresh_period_s(0)
+    fleet.set_activity(0, "training", clock.t_s)
+    clock.t_s += 2.0
+    sensor.read()
+    t1 = fleet.last_update_s(0, clock.t_s + period_s) + 0.05 * period_s  # just after a refresh
+    t2 = t1 + 0.001
+    fleet.set_activity(0, "idle", t2 + 0.3 * period_s)  # the load's end lags both jobs' ends
+    clock.t_s = t1 + 0.0005
+    first = by_key(sensor.read_at(t1))["gpu0"]
+    second = by_key(sensor.read_at(t2))["gpu0"]
+    assert clock.t_s > fleet.last_update_s(0, t2) + period_s  # the second read came after the refresh
+    assert not first.flags and not second.flags
+    exact_j = fleet.exact_energy_j(0, t1, t2)
+    # Measured: within 1 mJ (0.64 J between them); before, the second read extrapolated the idle power
+    # back over the stretch of training up to the refresh, flagged boundary_unrefined: +2.7 J at 20 ms,
+    # +16.7 J at 100 ms, that much too much for the job that ended second.
+    assert second.energy_j - first.energy_j == pytest.approx(exact_j, abs=0.1)
+    sensor.close()
 
 
 def test_read_at_never_goes_below_a_previous_reading() -> None:

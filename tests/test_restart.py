@@ -209,11 +209,26 @@ class CounterSensor:
 POWER_W = {"gpu0": 300.0, "gpu1": 200.0, "cpu0": 50.0}
 
 
-def make_agent(home: Path, proc: Path, clock: FakeClock) -> Agent:
+class GatedSensor(CounterSensor):
+    """A CounterSensor whose tick reads wait until ``gate`` is set (a slow read, held as long as a test needs)."""
+
+    def __init__(self, power_w: dict[str, float], clock: Callable[[], float], origin_s: float) -> None:
+        super().__init__(power_w, clock, origin_s)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()
+
+    def read(self) -> list[EnergyReading]:
+        self.waiting.set()
+        assert self.gate.wait(10.0)
+        return super().read()
+
+
+def make_agent(home: Path, proc: Path, clock: FakeClock, sensor: CounterSensor | None = None) -> Agent:
     settings = replace(
         Settings(home=home), collector_url="http://127.0.0.1:9", interval_s=3600.0, push_interval_s=3600.0
     )
-    sensor = CounterSensor(POWER_W, clock, origin_s=T0 - 1000.0)
+    sensor = sensor or CounterSensor(POWER_W, clock, origin_s=T0 - 1000.0)
     return Agent(
         settings,
         [sensor],
@@ -305,6 +320,42 @@ def test_a_restarted_agent_bridges_the_gap_readopts_and_ends_jobs(tmp_path: Path
         end = [j for b in batches(home) for j in b.jobs if j.id == "train" and j.ended_at_s is not None]
         assert [(j.ended_at_s, j.ended_by) for j in end] == [(clock.t_s, "process-gone")]
     finally:
+        second.stop(flush_timeout_s=0.2)
+
+
+def test_a_readopted_job_that_says_it_ended_and_exits_during_a_slow_tick_ends_when_it_said(tmp_path: Path) -> None:
+    """`wattwatch run` sends job_end and exits at once; a tick queued before that end and still reading
+    sees the process gone. The job ends at its own end (ended_by None), not at the tick as process-gone."""
+    home, proc, clock = tmp_path / "home", tmp_path / "proc", FakeClock()
+    write_boot_id(proc, "boot-1")
+    write_proc(proc, 500, 100)
+    first = make_agent(home, proc, clock)
+    first.start()
+    start_job(first, "train", 500, "0")
+    clock.t_s += 2.0
+    assert first.tick()
+    first.seal()
+    crash(first)
+    clock.t_s += 10.0
+    sensor = GatedSensor(POWER_W, clock, origin_s=T0 - 1000.0)
+    second = make_agent(home, proc, clock, sensor)
+    second.start()
+    try:
+        assert [j.id for j in second.registry.snapshot()] == ["train"]  # re-adopted, its pid watched
+        sensor.gate.clear()
+        sensor.waiting.clear()
+        assert not second.tick(wait_s=0.0)  # queued; the worker waits inside its read
+        assert sensor.waiting.wait(5.0)
+        clock.t_s += 0.5
+        end_s = second.handle({"op": "job_end", "id": "train"})["t_s"]
+        (proc / "500" / "stat").unlink()  # the process exits right after its job_end was answered
+        sensor.gate.set()
+        assert second.tick()  # behind the end: both are done
+        second.seal()
+        ends = [(j.ended_at_s, j.ended_by) for b in batches(home) for j in b.jobs if j.id == "train" and j.ended_at_s]
+        assert ends == [(end_s, None)]
+    finally:
+        sensor.gate.set()
         second.stop(flush_timeout_s=0.2)
 
 

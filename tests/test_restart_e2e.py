@@ -1,7 +1,9 @@
 """`kill -9` of a real agent in the middle of a job, a restart 10 s later: the gap is bridged by the GPU
 counters, the job still running is re-adopted and ends when its process ends, the job whose process
 ended while the agent was down is ended when it was last seen. Checked against the simulator's exact
-integral (the simulated boards outlive the agent process, as real GPUs do)."""
+integral (the simulated boards outlive the agent process, as real GPUs do), on the ideal simulator and,
+as issue 8's acceptance asks, with real hardware's flaws (``--sim-flaws realistic``: each board draws
+its own refresh period from 10-200 ms; and every board at 20 ms), which the sensor is not told."""
 
 from __future__ import annotations
 
@@ -74,7 +76,15 @@ def agent_ready(home: Path, proc: subprocess.Popen[bytes]) -> bool:
     return True
 
 
-def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, procs: Procs) -> None:
+@pytest.mark.parametrize(
+    "flaws",
+    [
+        pytest.param("", id="ideal"),
+        pytest.param("realistic", id="flaws-realistic"),
+        pytest.param("realistic,refresh_ms=20", id="flaws-20ms"),
+    ],
+)
+def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, procs: Procs, flaws: str) -> None:
     home = tmp_path / "home"
     db_url = f"sqlite:///{tmp_path / 'restart.db'}"
     port = free_port()
@@ -86,6 +96,8 @@ def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, 
         [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--migrate"], env, "collector.log"
     )
     agent_cmd = [*WATTWATCH, "agent", "--simulate", str(SIM_GPUS), "--collector", url, "--interval", "1"]
+    if flaws:
+        agent_cmd += ["--sim-flaws", flaws]  # the restarted agent finds the same boards, with the same flaws
     agent = procs.start(agent_cmd, env, "agent.log")
     wait_for(lambda: agent_ready(home, agent), 60, "the agent to answer")
 

@@ -85,6 +85,7 @@ class _Event:
     job: ActiveJob | None = None
     job_id: str = ""
     done: threading.Event | None = None
+    listed: dict[str, set[int]] | None = None  # an end's: NVML's processes on the job's GPUs when it came
 
 
 def _ended_at_restart(mark: JobMark, last_seen_s: float) -> wire.Job:
@@ -224,6 +225,9 @@ class Agent:
         self._boot_id = read_boot_id(self.procfs.root)
         self._pid_starts = PidStarts(self.procfs)
         self._watch: dict[str, dict[int, int]] = {}  # re-adopted job -> pid -> start ticks, until they end
+        # Job id -> end events queued and not yet processed (local-API threads add, the worker removes).
+        self._ends_queued: dict[str, int] = {}
+        self._ends_lock = threading.Lock()
         self.outbox = Outbox(
             self.spool,
             agent_id,
@@ -384,7 +388,18 @@ class Agent:
         if not job_id:
             raise ConfigError("job_end needs the job's id")
         hook = self._hook
-        t_s = self._put(_Event("end", 0.0, job_id=job_id), hook=(lambda t: hook.job_ended(job_id, t)) if hook else None)
+        # Who is on the job's GPUs as it ends, asked now: by the time the worker gets to this end (after
+        # the boundary reads queued before it, each waiting up to a counter refresh) a process that stays
+        # a moment, sharing the GPU with another job, may have left, and would get no after phase.
+        listed = None
+        ending = self.registry.get(job_id) if self.tracker is not None else None
+        if self.tracker is not None and ending is not None:
+            listed = self.tracker.listed(ending.held_devices)
+        # Counted before it is queued, so before the reply lets the process exit (see _end_gone).
+        with self._ends_lock:
+            self._ends_queued[job_id] = self._ends_queued.get(job_id, 0) + 1
+        event = _Event("end", 0.0, job_id=job_id, listed=listed)
+        t_s = self._put(event, hook=(lambda t: hook.job_ended(job_id, t)) if hook else None)
         return {"ok": True, "id": job_id, "t_s": t_s}
 
     def add_spans(self, spans: Sequence[wire.Query]) -> None:
@@ -471,6 +486,13 @@ class Agent:
             finally:
                 if event.kind == "fine":
                     self._fine_queued = False
+                if event.kind == "end":
+                    with self._ends_lock:
+                        left = self._ends_queued.get(event.job_id, 0) - 1
+                        if left > 0:
+                            self._ends_queued[event.job_id] = left
+                        else:
+                            self._ends_queued.pop(event.job_id, None)
                 if event.done is not None:
                     event.done.set()
             if event.kind == "stop":
@@ -495,7 +517,7 @@ class Agent:
                 jobs.append(ended.to_wire(ended_at_s=max(event.t_s, ended.started_at_s)))
                 if self.tracker is not None:
                     # Its processes still on the GPU start their "after" phase here, not an anonymous job.
-                    jobs.extend(self.tracker.release(ended, max(event.t_s, ended.started_at_s)))
+                    jobs.extend(self.tracker.release(ended, max(event.t_s, ended.started_at_s), event.listed))
         elif event.kind == "tick":
             # Discovered jobs start and end at the tick that sees their processes come and go.
             if self.tracker is not None:
@@ -595,6 +617,11 @@ class Agent:
                 continue
             if not gone(pids, self.procfs):
                 continue
+            with self._ends_lock:
+                if self._ends_queued.get(job_id):
+                    # It told us before exiting (its end is queued behind this tick, which was slow enough
+                    # to see the exit): that end, at its own boundary read, is the job's end.
+                    continue
             del self._watch[job_id]
             ended = None
             while ended is None and self.registry.get(job_id) is not None:

@@ -202,10 +202,16 @@ class ProcessTracker:
             self.registry.bind(job.id, keys, "NVML lists its process")
         return out
 
-    def release(self, job: ActiveJob, t_s: float) -> list[wire.Job]:
-        """Explicit ``job`` ended at ``t_s``: each of its processes NVML still lists on its GPUs (asked now)
-        starts its ``after`` phase at ``t_s``, so it neither becomes an anonymous job at the next tick
-        nor leaves its energy to idle. Only with discovery on (else a process outside its jobs is idle)."""
+    def listed(self, keys: Iterable[str]) -> dict[str, set[int]]:
+        """NVML's processes on each GPU of ``keys``, now (for ``release``: taken as a job ends). Safe from
+        any thread."""
+        return {key: self._running_pids(key) for key in keys if key in self._gpu_keys}
+
+    def release(self, job: ActiveJob, t_s: float, listed: Mapping[str, set[int]] | None = None) -> list[wire.Job]:
+        """Explicit ``job`` ended at ``t_s``: each of its processes NVML listed on its GPUs as it ended
+        (``listed``, from ``listed``; else asked now) and still alive starts its ``after`` phase at ``t_s``,
+        so it neither becomes an anonymous job at the next tick nor leaves its energy to idle or to a job
+        sharing its GPU. Only with discovery on (else a process outside its jobs is idle)."""
         roots = job.all_pids
         book = self._book
         if book is None or not roots:
@@ -213,7 +219,7 @@ class ProcessTracker:
         explicit_roots = {pid for j in self.registry.snapshot() if j.explicit for pid in j.pids}
         keys_of: dict[int, set[str]] = {}
         for key in sorted(job.held_devices):
-            for pid in self._running_pids(key):
+            for pid in listed[key] if listed is not None and key in listed else self._running_pids(key):
                 known = self._peek(pid)
                 # The nearest root decides: a process still inside another explicit job stays that job's.
                 nearest = next((p for p in known.lineage if p in roots or p in explicit_roots), None) if known else None

@@ -327,16 +327,19 @@ class NvmlSensor:
     # -- processes ----------------------------------------------------------------------------------
 
     def running_pids(self, key: str) -> set[int]:
-        """Pids of compute processes NVML lists on GPU ``key`` (empty when unsupported or lost)."""
+        """Pids of compute processes NVML lists on GPU ``key`` (empty when unsupported or lost).
+
+        Not behind the sensor's lock (NVML is thread-safe): the agent asks it as a job ends, from the
+        thread answering that job, while a boundary read may be polling for tens of milliseconds."""
         dev = self._device(key)
-        with self._lock:
-            if key in self._lost:
-                return set()
-            try:
-                return list_pids(self._nvml, dev.handle, key)
-            except DeviceLost as exc:
+        if key in self._lost:
+            return set()
+        try:
+            return list_pids(self._nvml, dev.handle, key)
+        except DeviceLost as exc:
+            with self._lock:
                 self._mark_lost(dev, exc)
-                return set()
+            return set()
 
     def utilization_ratio(self, key: str) -> float | None:
         """NVML's GPU utilisation of GPU ``key`` (``nvmlDeviceGetUtilizationRates().gpu``) as 0-1.

@@ -180,6 +180,25 @@ class _Probe:
     deadline_s: float = 0.0  # give up after a round that began past this
 
 
+@dataclass(frozen=True)
+class _Pinned:
+    """A boundary read's polls, kept for the next one: a boundary at ``t_s`` pinned to the refresh at
+    ``t_u`` (bracketed from ``lo_s`` on), the cumulative ``u_j`` there, and the power it sampled."""
+
+    t_s: float
+    lo_s: float
+    t_u: float
+    u_j: float
+    boundary: BoundaryProbe
+    held: bool
+    period_s: float | None
+
+    def covers(self, t_s: float) -> bool:
+        """Whether a boundary at ``t_s`` lies where these polls saw it: after this one's boundary, before
+        the refresh they pinned it to (so polling again would start past that refresh, too late)."""
+        return self.t_s <= t_s <= self.lo_s
+
+
 class CounterPoller:
     """Polls GPUs' energy counters: boundary reads (``read_at``) and timing calibrations.
 
@@ -205,6 +224,9 @@ class CounterPoller:
         # Polls are jittered so their brackets fall at varied offsets around the refreshes (a fixed pace
         # that divides the period would bracket every refresh the same way, and teach no more than one).
         self._rng = random.Random(0x7131)
+        # Per GPU, the last boundary read's polls: a boundary right behind it (two jobs ending together)
+        # is pinned from them, as that read would have pinned it.
+        self._pinned: dict[str, _Pinned] = {}
 
     def _pause(self, round_start_s: float, interval_s: float) -> None:
         """Wait until the next round of polls: ``interval_s`` on average after this one began, or at
@@ -293,6 +315,16 @@ class CounterPoller:
         ``t_s`` or past such a wide bracket, so a thread held up longer than the wait still polls again.
         """
         clock = self.reads.clock
+        done: dict[str, tuple[float, tuple[str, ...]]] = {}
+        for dev in devs:
+            last = self._pinned.get(dev.key)
+            if last is not None and last.covers(t_s):
+                # The refresh after t_s passed while the last read polled: polling now would start too late
+                # and extrapolate back over it, across whatever load changed meanwhile.
+                done[dev.key] = pin_boundary(
+                    last.boundary, last.u_j, t_s, last.t_u, last.held, last.period_s, self.poll_interval_s
+                )
+        devs = [d for d in devs if d.key not in done]
         probes = {d.key: _Probe(d, d.timing.new_run()) for d in devs}
         start_s = clock()
         waits: dict[str, float] = {}
@@ -302,7 +334,6 @@ class CounterPoller:
             probes[dev.key].deadline_s = max(start_s, t_s) + waits[dev.key]
         # Also bound the number of polls, so a clock that does not move cannot hang the agent.
         polls_left = 4 * int(max(waits.values(), default=0.0) / self.poll_interval_s) + 20
-        done: dict[str, tuple[float, tuple[str, ...]]] = {}
         while probes:
             round_start_s = clock()
             for key, probe in list(probes.items()):
@@ -316,7 +347,7 @@ class CounterPoller:
                     continue
                 period_s = probe.dev.timing.period_s
                 if period_s is None or change.hi_s - change.lo_s < DENSE_SHARE * period_s:
-                    done[key] = self._pin(probe, t_s, change.at_s)
+                    done[key] = self._pin(probe, t_s, change)
                     del probes[key]
                 else:
                     probe.deadline_s = change.hi_s + waits[key]  # wait for the next, narrow one
@@ -360,8 +391,9 @@ class CounterPoller:
         dev.timing.add(change, probe.run)
         return change
 
-    def _pin(self, probe: _Probe, t_s: float, t_u: float) -> tuple[float, tuple[str, ...]]:
-        """E(t_s) from the counter update at ``t_u`` and the power sampled while polling.
+    def _pin(self, probe: _Probe, t_s: float, change: Change) -> tuple[float, tuple[str, ...]]:
+        """E(t_s) from the counter update ``change`` and the power sampled while polling; the polls are
+        kept for a boundary that follows before that update (``_Pinned``).
 
         When the polls were held up for over a period (a loaded host), the power between them is not
         known: E(t_s) is then taken from the first poll instead, whose value is as of the refresh the
@@ -369,16 +401,26 @@ class CounterPoller:
         period); without a trusted phase the estimate is flagged ``boundary_unrefined``.
         """
         dev = probe.dev
-        held = not dev.instant_live and dev.instant_held
-        period_s = dev.timing.period_s
-        samples, first_j = probe.boundary.samples, probe.boundary.first_j
-        pinned = pin_boundary(probe.boundary, dev.cumulative_j, t_s, t_u, held, period_s, self.poll_interval_s)
+        pinned = _Pinned(
+            t_s=t_s,
+            lo_s=change.lo_s,
+            t_u=change.at_s,
+            u_j=dev.cumulative_j,
+            boundary=probe.boundary,
+            held=not dev.instant_live and dev.instant_held,
+            period_s=dev.timing.period_s,
+        )
+        self._pinned[dev.key] = pinned
+        estimate = pin_boundary(
+            pinned.boundary, pinned.u_j, t_s, pinned.t_u, pinned.held, pinned.period_s, self.poll_interval_s
+        )
+        samples, first_j, period_s = probe.boundary.samples, probe.boundary.first_j, pinned.period_s
         held_up = period_s is not None and any(b[0] - a[0] > period_s for a, b in pairwise(samples))
         if not held_up or first_j is None:
-            return pinned
+            return estimate
         first_t_s, first_w = probe.boundary.first_t_s, samples[0][1]
         timing = dev.timing
         # (Not when the first poll may straddle a refresh: its value could be as of either.)
         if timing.trusted(first_t_s) and timing.wait_before_read_s(first_t_s, first_t_s, near=False) == 0.0:
             return first_j + first_w * (t_s - timing.last_refresh_s(first_t_s)), ()
-        return pinned[0], ("boundary_unrefined",)
+        return estimate[0], ("boundary_unrefined",)

@@ -9,6 +9,7 @@ import dataclasses
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -307,3 +308,34 @@ def test_the_timing_sweep_benchmark_prints_what_the_sensor_learned(capsys: pytes
     with pytest.raises(SystemExit) as exit_info:
         timing_sweep.main(["--periods-ms", "fast"])
     assert exit_info.value.code == 2 and "--periods-ms" in capsys.readouterr().err
+
+
+def stalled_once(sleep: Callable[[float], None], stall_s: float) -> Callable[[float], None]:
+    """``sleep`` whose first call lasts ``stall_s`` (a thread the host did not run for that long)."""
+    pending = [stall_s]
+
+    def stalled(dt_s: float) -> None:
+        sleep(pending.pop() if pending else dt_s)
+
+    return stalled
+
+
+def test_a_boundary_read_held_up_past_its_wait_polls_again_and_pins_a_narrow_refresh() -> None:
+    # On a loaded host the polling thread may not run for longer than the wait: the refreshes it slept
+    # through are one wide bracket (the value as of the last of them, at no known time); the read goes on
+    # to the next refresh instead of pinning on that one or giving up.
+    fleet, clock, sensor = rig(0.1, n=1)
+    fleet.set_activity(0, "training", clock.t_s)
+    for stall_s in (0.0, 0.4):
+        clock.t_s += 1.0
+        boundary_s = clock.t_s = fleet.last_update_s(0, clock.t_s) + 0.05  # mid-period
+
+        sensor._sleep = stalled_once(clock.sleep, stall_s)
+        (start,) = sensor.read_at(boundary_s)
+        sensor._sleep = clock.sleep
+        assert start.flags == ()
+        clock.t_s += 1.0
+        end_s = clock.t_s
+        (end,) = sensor.read_at(end_s)
+        exact_j = fleet.exact_energy_j(0, boundary_s, end_s)
+        assert end.energy_j - start.energy_j == pytest.approx(exact_j, rel=0.005), stall_s

@@ -19,7 +19,7 @@ from itertools import pairwise
 
 from wattwatch.errors import SensorError
 from wattwatch.sensors.nvml_device import GpuDevice, NvmlReads
-from wattwatch.sensors.nvml_grid import Change, CounterRead
+from wattwatch.sensors.nvml_grid import DENSE_SHARE, Change, CounterRead
 from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,7 @@ class _Probe:
     last: CounterRead | None = None
     boundary: BoundaryProbe = field(default_factory=BoundaryProbe)
     power: PowerWatch = field(default_factory=PowerWatch)
+    deadline_s: float = 0.0  # give up after a round that began past this
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,13 @@ class CounterPoller:
                 log.debug("%s: the counter did not refresh in %.2f s of calibration", dev.key, elapsed_s)
 
     def boundary(self, devs: list[GpuDevice], t_s: float) -> dict[str, tuple[float, tuple[str, ...]]]:
-        """E(t_s) and flags per device in ``devs`` (counter devices): see ``NvmlSensor.read_at``."""
+        """E(t_s) and flags per device in ``devs`` (counter devices): see ``NvmlSensor.read_at``.
+
+        A device is pinned at the first refresh after ``t_s`` whose bracket is narrower than its period
+        (a wider one, after a poll held up on a loaded host, may hold several refreshes, and the value is
+        as of the last: its time is not known); it is given up on after a round that began a wait past
+        ``t_s`` or past such a wide bracket, so a thread held up longer than the wait still polls again.
+        """
         clock = self.reads.clock
         done: dict[str, tuple[float, tuple[str, ...]]] = {}
         for dev in devs:
@@ -320,13 +327,13 @@ class CounterPoller:
         devs = [d for d in devs if d.key not in done]
         probes = {d.key: _Probe(d, d.timing.new_run()) for d in devs}
         start_s = clock()
-        waits = {}
+        waits: dict[str, float] = {}
         for dev in devs:
             period_s = dev.timing.period_s
             waits[dev.key] = UNLEARNED_WAIT_S if period_s is None else WAIT_PERIODS * period_s
-        deadline_s = max(start_s, t_s) + max(waits.values(), default=0.0)
+            probes[dev.key].deadline_s = max(start_s, t_s) + waits[dev.key]
         # Also bound the number of polls, so a clock that does not move cannot hang the agent.
-        polls_left = 2 * int((deadline_s - start_s) / self.poll_interval_s) + 10
+        polls_left = 4 * int(max(waits.values(), default=0.0) / self.poll_interval_s) + 20
         while probes:
             round_start_s = clock()
             for key, probe in list(probes.items()):
@@ -336,22 +343,28 @@ class CounterPoller:
                     self.fail(probe.dev, exc)
                     del probes[key]
                     continue
-                if change is not None and change.lo_s >= t_s:
+                if change is None or change.lo_s < t_s:
+                    continue
+                period_s = probe.dev.timing.period_s
+                if period_s is None or change.hi_s - change.lo_s < DENSE_SHARE * period_s:
                     done[key] = self._pin(probe, t_s, change)
                     del probes[key]
+                else:
+                    probe.deadline_s = change.hi_s + waits[key]  # wait for the next, narrow one
             if not probes:
                 break
             polls_left -= 1
             self.between_polls()
-            now_s = clock()
-            if polls_left <= 0 or all(now_s >= max(start_s, t_s) + waits[k] for k in probes):
-                for key, probe in probes.items():
+            for key, probe in list(probes.items()):
+                if polls_left <= 0 or round_start_s >= probe.deadline_s:
                     log.debug("%s: counter did not move within %.2f s of a boundary", key, waits[key])
                     flags: tuple[str, ...] = ("boundary_unrefined",)
                     if probe.dev.timing.period_s is None:
-                        probe.dev.timing.note_no_change(now_s - start_s)
+                        probe.dev.timing.note_no_change(clock() - start_s)
                         flags += ("period_unlearned",)
                     done[key] = (probe.dev.cumulative_j, flags)
+                    del probes[key]
+            if not probes:
                 break
             self._pause(round_start_s, self.poll_interval_s)
         return done
@@ -380,7 +393,13 @@ class CounterPoller:
 
     def _pin(self, probe: _Probe, t_s: float, change: Change) -> tuple[float, tuple[str, ...]]:
         """E(t_s) from the counter update ``change`` and the power sampled while polling; the polls are
-        kept for a boundary that follows before that update (``_Pinned``)."""
+        kept for a boundary that follows before that update (``_Pinned``).
+
+        When the polls were held up for over a period (a loaded host), the power between them is not
+        known: E(t_s) is then taken from the first poll instead, whose value is as of the refresh the
+        learned phase places before it, plus its power for the time from there to ``t_s`` (under a
+        period); without a trusted phase the estimate is flagged ``boundary_unrefined``.
+        """
         dev = probe.dev
         pinned = _Pinned(
             t_s=t_s,
@@ -392,6 +411,16 @@ class CounterPoller:
             period_s=dev.timing.period_s,
         )
         self._pinned[dev.key] = pinned
-        return pin_boundary(
+        estimate = pin_boundary(
             pinned.boundary, pinned.u_j, t_s, pinned.t_u, pinned.held, pinned.period_s, self.poll_interval_s
         )
+        samples, first_j, period_s = probe.boundary.samples, probe.boundary.first_j, pinned.period_s
+        held_up = period_s is not None and any(b[0] - a[0] > period_s for a, b in pairwise(samples))
+        if not held_up or first_j is None:
+            return estimate
+        first_t_s, first_w = probe.boundary.first_t_s, samples[0][1]
+        timing = dev.timing
+        # (Not when the first poll may straddle a refresh: its value could be as of either.)
+        if timing.trusted(first_t_s) and timing.wait_before_read_s(first_t_s, first_t_s, near=False) == 0.0:
+            return first_j + first_w * (t_s - timing.last_refresh_s(first_t_s)), ()
+        return estimate[0], ("boundary_unrefined",)

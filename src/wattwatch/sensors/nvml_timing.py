@@ -249,14 +249,14 @@ class CounterTiming:
         assert fit is not None, "check trusted() first"
         return fit
 
-    def wait_before_read_s(self, start_s: float, end_s: float) -> float:
+    def wait_before_read_s(self, start_s: float, end_s: float, near: bool = True) -> float:
         """How long to wait before reading again, for a read that ran from ``start_s`` to ``end_s``: past
         the next refresh when it may fall within the read (the value could be from either side of it)
-        or is due within NEAR_REFRESH_SHARE of a period, at most NEAR_REFRESH_S (a read right after a
-        refresh extrapolates least); 0: read as it is."""
+        or (``near``) is due within NEAR_REFRESH_SHARE of a period, at most NEAR_REFRESH_S (a read right
+        after a refresh extrapolates least); 0: read as it is."""
         fit = self._grid()
         lo, hi = fit.window(fit.last_before(start_s) + 1)
-        near_s = min(NEAR_REFRESH_S, NEAR_REFRESH_SHARE * fit.period_s)
+        near_s = min(NEAR_REFRESH_S, NEAR_REFRESH_SHARE * fit.period_s) if near else 0.0
         # A margin past the window: Unix times near 1.7e9 s carry rounding of ~0.2 µs.
         return max(0.0, hi - end_s) + READ_MARGIN_S if lo < end_s + near_s else 0.0
 

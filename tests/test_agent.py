@@ -84,6 +84,48 @@ def test_sampler_intervals_are_contiguous_and_carry_shares() -> None:
     assert {iv.device: iv.energy_j for iv in second} == pytest.approx({"gpu0": 25.0, "gpu1": 12.5})
 
 
+class WaitingSensor(LinearSensor):
+    """Reads its devices one after another, waiting before each next one as long as ``waits_s`` says for
+    this read (as the NVML sensor does when it waits for a board's counter to refresh): each reading carries
+    the time it was taken."""
+
+    def __init__(self, power_w: dict[str, float], clock: FakeClock, waits_s: list[float]) -> None:
+        super().__init__(power_w, clock)
+        self.fake_clock = clock
+        self.waits_s = waits_s
+
+    def read(self) -> list[EnergyReading]:
+        wait_s = self.waits_s[self.reads % len(self.waits_s)]
+        self.reads += 1
+        out = []
+        for k, p in self.power_w.items():
+            t_s = self.fake_clock.t_s
+            out.append(EnergyReading(device=k, t_s=t_s, energy_j=p * (t_s - self.origin_s), source="counter"))
+            self.fake_clock.t_s += wait_s
+        return out
+
+
+@pytest.mark.parametrize(("waits_s", "same_bounds"), [([0.0002, 0.0005], True), ([0.12, 0.0002, 0.05], False)])
+def test_sampler_stamps_readings_taken_together_alike_and_others_when_they_were_taken(
+    waits_s: list[float], same_bounds: bool
+) -> None:
+    power_w = {"gpu0": 600.0, "gpu1": 300.0, "gpu2": 100.0}
+    clock = FakeClock(1000.0)
+    sampler = Sampler([WaitingSensor(power_w, clock, waits_s)])
+    sampler.sample(no_jobs)
+    intervals = []
+    for _ in range(6):
+        clock.t_s += 1.0
+        intervals += sampler.sample(no_jobs)
+    # Every interval holds the energy of its own span (to the 1 ms a shared stamp may move a reading): a
+    # reading taken 0.12 s before the sample's last one and stamped with that one's time would move 72 J of
+    # gpu0 across the tick.
+    for iv in intervals:
+        assert iv.energy_j == pytest.approx(power_w[iv.device] * (iv.t_end_s - iv.t_start_s), abs=0.001 * 600.0)
+    ends = {iv.t_end_s for iv in intervals}
+    assert (len(ends) == 6) == same_bounds  # one stamp per sample, or one per reading taken apart
+
+
 def test_sampler_moves_a_late_boundary_onto_the_last_reading_and_survives_a_broken_sensor() -> None:
     clock = FakeClock(1000.0)
     good = LinearSensor({"gpu0": 100.0}, clock)

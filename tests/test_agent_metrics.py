@@ -47,6 +47,7 @@ AGENT_FAMILIES = {
     "wattwatch_agent_last_push_timestamp_seconds": "gauge",
     "wattwatch_agent_sample_duration_seconds": "histogram",
     "wattwatch_agent_sensor_errors": "counter",
+    "wattwatch_agent_refused": "counter",
 }
 DCGM_LABELS = ("UUID", "modelName")  # camelCase on purpose: joins with dcgm-exporter's series
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import OperationalError
 
-from test_storage import T0, batch, iv, row_counts
+from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
@@ -51,7 +51,7 @@ def one_batch(seq: int = 1, host: str = "h1", agent_id: str = "a1", energy_j: fl
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path)
+    return Settings(home=tmp_path, time_window_past_s=WIDE_WINDOW_S)  # the data is from T0, the clock real
 
 
 @pytest.fixture

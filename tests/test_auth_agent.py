@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from test_storage import T0, batch, iv, row_counts
+from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
@@ -35,7 +35,7 @@ def put(spool: Spool, host: str, energy_j: float = 100.0) -> int:
 
 @pytest.fixture
 def client(tmp_path: Path, db_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(Settings(home=tmp_path), db_engine, span_energy_interval_s=None)
+    app = create_app(Settings(home=tmp_path, time_window_past_s=WIDE_WINDOW_S), db_engine, span_energy_interval_s=None)
     with TestClient(app) as c:
         yield c
 
@@ -105,7 +105,8 @@ def test_a_token_for_another_host_is_said_plainly_and_the_batches_wait(tmp_path:
     spool = Spool(tmp_path / "s.db")
     spool.set_meta("agent_id", "a1")
     put(spool, "h1")
-    with TestClient(create_app(Settings(home=tmp_path), db_engine, span_energy_interval_s=None)) as client:
+    settings = Settings(home=tmp_path, time_window_past_s=WIDE_WINDOW_S)
+    with TestClient(create_app(settings, db_engine, span_energy_interval_s=None)) as client:
         pusher = Pusher(spool, "http://testserver", client=client, token=token)
         assert pusher.push_pending() is False
     assert "HTTP 403: host: this agent token is for host 'h2', not 'h1'" in pusher.stats.last_error

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
 from procs import promtool_check
-from test_storage import T0, batch, iv, row_counts
+from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
@@ -29,7 +29,15 @@ from wattwatch.storage.engine import make_engine
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path, grid_intensity_g_per_kwh=400.0, pue=1.0, metrics_retention_s=3600.0)
+    # The data is from T0 (2023) and some apps here run on the real clock: accept any time (test_bounds tests
+    # the window).
+    return Settings(
+        home=tmp_path,
+        grid_intensity_g_per_kwh=400.0,
+        pue=1.0,
+        metrics_retention_s=3600.0,
+        time_window_past_s=WIDE_WINDOW_S,
+    )
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from wattwatch.errors import ConfigError, DeviceLost, DeviceNotFound, NotSupported, PermissionDenied, SensorError
 from wattwatch.sensors.base import DeviceInfo, Sensor
 from wattwatch.sensors.nvml import NvmlSensor, nvml_errors, resolve_visible, translate_nvml_error
-from wattwatch.sensors.nvml_timing import Change
+from wattwatch.sensors.nvml_grid import Change
 from wattwatch.sim.clock import FakeClock
 from wattwatch.sim.flaws import Flaws
 from wattwatch.sim.fleet import SimulatedFleet

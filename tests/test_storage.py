@@ -35,6 +35,8 @@ from wattwatch.storage.tables import (
 )
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+# A collector time window that takes T0's data on the real clock (limits.TimeWindow's default is 30 days back).
+WIDE_WINDOW_S = 1e10
 DESIGN_JOB_KEYS = {
     "id", "name", "kind", "started_at", "ended_at", "duration_s", "hosts", "devices", "energy_j", "gpu_energy_j",
     "cpu_energy_j", "dram_energy_j", "avg_power_w", "peak_power_w", "queries", "tokens", "energy_per_query_j",

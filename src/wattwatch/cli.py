@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_allow_open(col)
     col.add_argument("--migrate", action="store_true", help="apply database migrations before serving")
     _add_metric_labels(col)
+    _add_time_window(col)
 
     ag = sub.add_parser(
         "agent",
@@ -313,6 +314,35 @@ def _add_metric_labels(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_time_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--time-window-past",
+        metavar="DURATION",
+        help="refuse (422) times further back than this, e.g. 30d (default; WATTWATCH_TIME_WINDOW_PAST, seconds)",
+    )
+    p.add_argument(
+        "--time-window-future",
+        metavar="DURATION",
+        help="refuse (422) times further ahead than this, e.g. 1d (default; WATTWATCH_TIME_WINDOW_FUTURE, seconds)",
+    )
+
+
+def _time_window_changes(args: argparse.Namespace) -> dict[str, float]:
+    changes: dict[str, float] = {}
+    for flag, name in (("past", "time_window_past_s"), ("future", "time_window_future_s")):
+        raw = getattr(args, f"time_window_{flag}", None)
+        if raw is None:
+            continue
+        try:
+            value = parse_duration_s(raw)
+        except ValueError as exc:
+            raise UsageError(f"--time-window-{flag}: {exc}") from None
+        if value <= 0:
+            raise UsageError(f"--time-window-{flag} {raw!r} must be positive; use e.g. 30d or 12h")
+        changes[name] = value
+    return changes
+
+
 def _add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL", help="database URL (default: embedded SQLite under $WATTWATCH_HOME)")
 
@@ -386,6 +416,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         metric_label_names(args.metric_labels)  # a clash is a usage error now, not when the first scrape comes
         changes["metric_labels"] = args.metric_labels
     changes.update(_identity_changes(args))
+    changes.update(_time_window_changes(args))
     settings = dataclasses.replace(settings, **changes)
     return resolve_token(settings) if args.command in ("up", "demo", "collector", "agent", "report") else settings
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from wattwatch import limits
 from wattwatch.errors import ConfigError
 
 
@@ -57,6 +58,9 @@ class Settings:
     restart_bridge_max_s: float = 21600.0
     # The collector ends the running jobs of hosts it has not heard from for this long (0: never).
     host_silent_after_s: float = 600.0
+    # The collector refuses (422) times further than this before or after its own clock (limits.TimeWindow).
+    time_window_past_s: float = limits.DEFAULT_PAST_S
+    time_window_future_s: float = limits.DEFAULT_FUTURE_S
 
     @property
     def socket_path(self) -> Path:
@@ -67,6 +71,16 @@ class Settings:
     def resolved_db_url(self) -> str:
         """``db_url`` or the embedded SQLite database under ``home``."""
         return self.db_url or f"sqlite:///{self.home / 'wattwatch.db'}"
+
+    def time_window(self) -> limits.TimeWindow:
+        """The window of times the collector accepts around now; ConfigError when not positive seconds."""
+        try:
+            return limits.TimeWindow(self.time_window_past_s, self.time_window_future_s)
+        except ValueError:
+            raise ConfigError(
+                f"the time window ({self.time_window_past_s!r} s back, {self.time_window_future_s!r} s ahead) "
+                "must be positive durations; set e.g. --time-window-past 30d --time-window-future 1d"
+            ) from None
 
     def listen_host_port(self) -> tuple[str, int]:
         """Split ``listen`` (``HOST:PORT``) with a clear error."""
@@ -101,6 +115,8 @@ _ENV = {
     "metrics_listen": "WATTWATCH_METRICS_LISTEN",
     "restart_bridge_max_s": "WATTWATCH_RESTART_BRIDGE_MAX",
     "host_silent_after_s": "WATTWATCH_HOST_SILENT_AFTER",
+    "time_window_past_s": "WATTWATCH_TIME_WINDOW_PAST",
+    "time_window_future_s": "WATTWATCH_TIME_WINDOW_FUTURE",
 }
 
 

@@ -7,6 +7,11 @@ thread: they are appended to a buffer that a background thread sends as one ``qu
 ``FLUSH_INTERVAL_S`` or ``FLUSH_SPANS`` spans, whichever comes first. Nothing here raises into the
 workload; with no agent reachable everything is a no-op after a single warning, and the buffer drops its
 oldest spans past ``MAX_BUFFERED_SPANS`` rather than grow without bound.
+
+Spans and labels are checked against ``wattwatch.limits`` as they are recorded, the way the collector will
+check them: one that would be refused there (a time in milliseconds, an end before its start, a token count
+beyond 2**31 - 1, a label too long) is dropped here alone, with a warning the first time per reason and a
+count in ``refused()``, and the rest flow on.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from wattwatch import limits
 from wattwatch.config import default_home
 
 _current_job: ContextVar[str | None] = ContextVar("wattwatch_job", default=None)
@@ -232,6 +238,28 @@ class SpanBuffer:
 _client_lock = threading.Lock()
 _client: AgentClient | None = None
 _warned = False
+_refused: collections.Counter[str] = collections.Counter()
+_refused_lock = threading.Lock()
+
+
+def refused() -> dict[str, int]:
+    """Spans and labels this process dropped as out of bounds, by reason (``limits.REASONS``)."""
+    with _refused_lock:
+        return dict(_refused)
+
+
+def _refuse(what: str, exc: limits.BoundError) -> None:
+    with _refused_lock:
+        first = _refused[exc.reason] == 0
+        _refused[exc.reason] += 1
+    if first:
+        warnings.warn(
+            f"wattwatch: {what} dropped: {exc} (further ones for this reason are counted in wattwatch.sdk.refused())",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
 _at_fork_registered = False
 
 
@@ -305,6 +333,9 @@ def start_job(
     client = client or _shared_client()
     jid = job_id or os.environ.get("WATTWATCH_JOB") or uuid.uuid4().hex
     started = False
+    fitted, dropped = limits.fit_labels(labels or {})
+    for exc in dropped:
+        _refuse("a job label was", exc)
     try:
         reply = client.request(
             {
@@ -312,7 +343,7 @@ def start_job(
                 "id": jid,
                 "name": name,
                 "kind": kind,
-                "labels": dict(labels or {}),
+                "labels": fitted,
                 "pid": os.getpid(),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "via": via,
@@ -375,17 +406,26 @@ def record_span(
     job_id: str | None = None,
     client: AgentClient | None = None,
 ) -> None:
-    """Queue one finished span (Unix seconds) for the current job; never blocks, never raises."""
+    """Queue one finished span (Unix seconds) for the current job; never blocks, never raises.
+
+    A span out of bounds (``limits.check_span``) is dropped with a warning and counted in ``refused()``."""
     try:
         jid = job_id or _current_job.get() or _newest_open_job() or os.environ.get("WATTWATCH_JOB")
         if jid is None:
             _warn_once(f"wattwatch.{kind}() outside any job; wrap the code in wattwatch.job() or `wattwatch run`")
             return
-        span = {"job": jid, "kind": kind, "t_start_s": t_start_s, "t_end_s": t_end_s}
-        if tokens_in:
-            span["tokens_in"] = int(tokens_in)
-        if tokens_out:
-            span["tokens_out"] = int(tokens_out)
+        try:
+            start_s, end_s, n_in, n_out = limits.check_span(
+                t_start_s, t_end_s, tokens_in, tokens_out, now_s=time.time()
+            )
+        except limits.BoundError as exc:
+            _refuse(f"a {kind} span was", exc)
+            return
+        span: dict[str, Any] = {"job": jid, "kind": kind, "t_start_s": start_s, "t_end_s": end_s}
+        if n_in:
+            span["tokens_in"] = n_in
+        if n_out:
+            span["tokens_out"] = n_out
         (client or _shared_client()).spans.add(span)
     except Exception as exc:  # the workload comes first
         _warn_once(f"could not record a span ({exc!r})")

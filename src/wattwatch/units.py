@@ -6,6 +6,7 @@ Every quantity in wattwatch carries its unit in its name: ``energy_j`` (joules),
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -60,6 +61,8 @@ def parse_duration_s(text: str) -> float:
         value = float(raw[:-1]) * factors[raw[-1]] if raw and raw[-1] in factors else float(raw)
     except ValueError:
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 15m, 12h or 7d") from None
+    if not math.isfinite(value):  # "nan", "inf", "1e400s": float() takes them all
+        raise ValueError(f"{text!r} is not a finite duration; use e.g. 90s, 15m, 12h or 7d")
     if value < 0:
         raise ValueError(f"{text!r} is negative; use e.g. 7d")
     return value

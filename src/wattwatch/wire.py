@@ -16,6 +16,7 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
+from wattwatch import limits
 from wattwatch.units import DeviceKind, JobKind, Source
 
 WIRE_VERSION = 1
@@ -30,11 +31,26 @@ PHASE_OF_LABEL = "wattwatch.io/phase-of"
 PHASES = ("setup", "after")
 SpanKind = Literal["query", "step", "epoch"]
 
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
-Epoch_s = Annotated[float, msgspec.Meta(ge=0.0, le=1.0e10)]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-Key = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$")]
+# Every bound comes from ``wattwatch.limits``; msgspec checks them while decoding (not on construction).
+Energy_j = Annotated[float, msgspec.Meta(ge=0.0, le=limits.MAX_ENERGY_J)]
+Power_w = Annotated[float, msgspec.Meta(ge=0.0, le=limits.MAX_POWER_W)]
+Weight = Annotated[float, msgspec.Meta(ge=0.0, le=limits.MAX_WEIGHT)]
+Epoch_s = Annotated[
+    float,
+    msgspec.Meta(ge=limits.MIN_EPOCH_S, le=limits.MAX_EPOCH_S, description="Unix seconds (not milliseconds)"),
+]
+Int32 = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_INT32)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_COUNT)]
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_TOKENS)]
+Seq = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_SEQ)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, pattern=limits.NO_NUL)]
+Text = Annotated[str, msgspec.Meta(max_length=limits.MAX_NAME_CHARS, pattern=limits.NO_NUL)]
+Key = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9_.:@/-]+$")]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_LABEL_KEY_CHARS, pattern=limits.NO_NUL)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=limits.MAX_LABEL_VALUE_CHARS, pattern=limits.NO_NUL)]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=limits.MAX_LABELS)]
+Flag = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_FLAG_CHARS, pattern=limits.FLAG_PATTERN)]
+DeviceKeys = Annotated[list[Key], msgspec.Meta(max_length=limits.MAX_DEVICES)]
 
 
 class Device(msgspec.Struct, forbid_unknown_fields=True):
@@ -42,10 +58,10 @@ class Device(msgspec.Struct, forbid_unknown_fields=True):
 
     key: Key
     kind: DeviceKind
-    index: NonNegInt = 0
-    uuid: str | None = None
-    model: str | None = None
-    power_limit_w: NonNegFloat | None = None
+    index: Int32 = 0
+    uuid: Text | None = None
+    model: Text | None = None
+    power_limit_w: Power_w | None = None
 
 
 class Interval(msgspec.Struct, forbid_unknown_fields=True):
@@ -59,11 +75,11 @@ class Interval(msgspec.Struct, forbid_unknown_fields=True):
     device: Key
     t_start_s: Epoch_s
     t_end_s: Epoch_s
-    energy_j: NonNegFloat
+    energy_j: Energy_j
     source: Source
-    shares: dict[Key, NonNegFloat] = {}
-    idle_weight: NonNegFloat = 0.0
-    flags: list[str] = []
+    shares: Annotated[dict[Key, Weight], msgspec.Meta(max_length=limits.MAX_SHARES)] = {}
+    idle_weight: Weight = 0.0
+    flags: Annotated[list[Flag], msgspec.Meta(max_length=limits.MAX_FLAGS)] = []
 
     def __post_init__(self) -> None:
         if self.t_end_s < self.t_start_s:
@@ -89,9 +105,9 @@ class Job(msgspec.Struct, forbid_unknown_fields=True):
     kind: JobKind = "other"
     started_at_s: Epoch_s = 0.0
     ended_at_s: Epoch_s | None = None
-    devices: list[Key] = []
-    labels: dict[str, str] = {}
-    pid: NonNegInt | None = None
+    devices: DeviceKeys = []
+    labels: Labels = {}
+    pid: Int32 | None = None
     ended_by: EndedBy | None = None
 
     def __post_init__(self) -> None:
@@ -106,8 +122,8 @@ class Query(msgspec.Struct, forbid_unknown_fields=True):
     job: Key
     t_start_s: Epoch_s
     t_end_s: Epoch_s
-    tokens_in: NonNegInt = 0
-    tokens_out: NonNegInt = 0
+    tokens_in: Tokens = 0
+    tokens_out: Tokens = 0
     kind: SpanKind = "query"
 
     def __post_init__(self) -> None:
@@ -122,9 +138,9 @@ class QueryCount(msgspec.Struct, forbid_unknown_fields=True):
     job: Key
     t_start_s: Epoch_s
     t_end_s: Epoch_s
-    queries: NonNegInt
-    tokens_in: NonNegInt = 0
-    tokens_out: NonNegInt = 0
+    queries: Count
+    tokens_in: Tokens = 0
+    tokens_out: Tokens = 0
 
     def __post_init__(self) -> None:
         if self.t_end_s < self.t_start_s:
@@ -135,11 +151,11 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     """What an agent pushes: everything it measured since its previous batch."""
 
     agent_id: Key
-    seq: NonNegInt
+    seq: Seq
     host: Name
     version: int = WIRE_VERSION
     sent_at_s: Epoch_s = 0.0
-    devices: list[Device] = []
+    devices: Annotated[list[Device], msgspec.Meta(max_length=limits.MAX_DEVICES)] = []
     intervals: list[Interval] = []
     jobs: list[Job] = []
     queries: list[Query] = []
@@ -173,13 +189,9 @@ def decode_batch(body: bytes, content_encoding: str | None = None) -> Batch:
     return decode_as(body, Batch)
 
 
-class WireError(ValueError):
-    """A body that does not fit the wire format. ``field`` is a dotted path such as ``intervals[0].energy_j``."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+# A body that does not fit the wire format: ``field`` is a dotted path such as ``intervals[0].energy_j``.
+# The same class as every bound's error, so one ``except`` answers both with a 422 naming the field.
+WireError = limits.BoundError
 
 
 def decode_as(body: bytes, typ: type[T]) -> T:
@@ -187,7 +199,11 @@ def decode_as(body: bytes, typ: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=typ)
     except msgspec.ValidationError as exc:
-        raise WireError(*_split_msgspec_error(str(exc))) from None
+        field, message = _split_msgspec_error(str(exc))
+        reason = _reason(field, message)
+        if reason == limits.REASON_TIME and "<=" in message:
+            message += " (after 2286): times are Unix seconds (time.time()), not milliseconds"
+        raise WireError(field, message, reason) from None
     except msgspec.DecodeError as exc:
         raise WireError("body", f"not valid JSON: {exc}") from None
 
@@ -196,7 +212,11 @@ def _split_msgspec_error(text: str) -> tuple[str, str]:
     """``"Expected int - at `$.a[0].b`"`` -> ``("a[0].b", "Expected int")``; names missing/unknown fields."""
     message, sep, where = text.rpartition(" - at `")
     # msgspec gives no location for errors in the top-level object itself.
-    path = where.rstrip("`").removeprefix("$").lstrip(".") if sep else ""
+    where = where.rstrip("`")
+    if where.startswith("key` in `"):  # a dictionary's key (a label's): name the dictionary
+        where = where.removeprefix("key` in `")
+        message = f"a key: {message}"
+    path = where.removeprefix("$").lstrip(".") if sep else ""
     if not sep:
         message = text
     # msgspec reports missing/unknown fields at the parent path; put the field's own name in the path.
@@ -209,3 +229,17 @@ def _split_msgspec_error(text: str) -> tuple[str, str]:
             name = message.split(marker, 1)[1].split("`", 1)[0]
             path = f"{path}.{name}" if path else name
     return path or "body", message
+
+
+def _reason(field: str, message: str) -> str:
+    """Which of ``limits.REASONS`` a msgspec error is (what the agent counts its own refusals by)."""
+    if "must not be earlier" in message:
+        return limits.REASON_ORDER
+    bounded = "<=" in message or ">=" in message
+    if bounded and field.endswith("_s"):
+        return limits.REASON_TIME
+    if ".labels" in f".{field}":
+        return limits.REASON_LABELS
+    if "length" in message or "regex" in message:
+        return limits.REASON_STRING
+    return limits.REASON_RANGE if bounded else limits.REASON_MALFORMED

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from wattwatch import wire
+from wattwatch import limits, wire
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.units import JobKind
 
@@ -57,16 +57,17 @@ class ActiveJob:
         return self.pids | self.proc_pids
 
     def to_wire(self, ended_at_s: float | None = None) -> wire.Job:
-        """This job as the wire format's Job record."""
+        """This job as the wire format's Job record, within ``wattwatch.limits`` (a discovered pod's name or
+        labels are whatever Kubernetes holds: what does not fit is cut or left out, not sent to be refused)."""
         pids = self.all_pids
         return wire.Job(
             id=self.id,
-            name=self.name,
+            name=limits.fit_text(self.name) or self.id,
             kind=self.kind,
             started_at_s=self.started_at_s,
             ended_at_s=ended_at_s,
             devices=sorted(self.held_devices),
-            labels=dict(self.labels),
+            labels=limits.fit_labels(self.labels)[0],
             pid=min(pids) if pids else None,
         )
 

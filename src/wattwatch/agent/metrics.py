@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from wattwatch import __version__, wire
 from wattwatch.config import parse_listen
 from wattwatch.errors import ConfigError, WattwatchError
+from wattwatch.limits import REASONS
 from wattwatch.sensors.base import DeviceInfo, Sensor
 
 if TYPE_CHECKING:
@@ -174,6 +175,14 @@ class _Families:
             "wattwatch_agent_sensor_errors", "Sensor reads that failed.", labels=["host", "sensor"]
         )
     )
+    refused: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
+            "wattwatch_agent_refused",
+            "Records refused as out of bounds (wattwatch.limits), by reason: spans and labels at the local API, "
+            "the agent's own records at sealing.",
+            labels=["host", "reason"],
+        )
+    )
 
     def all(self) -> list[Metric]:
         """The families in the order of docs/metrics.md."""
@@ -228,6 +237,9 @@ class AgentCollector(Collector):
         out.sample_duration.add_metric([host], buckets, sum_s)
         for sensor, n in sorted(agent.sampler.stats.errors().items()):
             out.sensor_errors.add_metric([host, sensor], float(n))
+        refused = agent.refused.counts()
+        for reason in REASONS:  # every reason from the start, so rate() sees the first refusal
+            out.refused.add_metric([host, reason], float(refused.get(reason, 0)))
         return out.all()
 
 

@@ -3,16 +3,30 @@
 Every thread adds here (the worker its intervals and job records, the local API its spans, the scraper
 its counts); the periodic push seals whatever is there into the spool under the next sequence number,
 which is what makes a batch idempotent at the collector.
+
+A sealed batch is decoded once as the collector will decode it: a record outside ``wattwatch.limits`` (a
+counter glitch's absurd energy, a scraped count beyond 2**31 - 1) is left out alone and counted, rather
+than sent to cost the whole batch its place at the collector.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from wattwatch import wire
 from wattwatch.agent.restore import Checkpoint, DeviceMark, JobMark
 from wattwatch.agent.spool import Spool
+from wattwatch.limits import BoundError
+
+log = logging.getLogger(__name__)
+
+# A record of a batch's lists, as a decoding error names it: ``intervals[3].energy_j``.
+_RECORD = re.compile(r"^(intervals|jobs|queries|query_counts)\[(\d+)\]")
+# A batch with more bad records than this goes as it is (the collector's refusal names the first).
+MAX_LEFT_OUT = 1000
 
 
 class Outbox:
@@ -26,12 +40,14 @@ class Outbox:
         devices: Callable[[], list[wire.Device]],
         clock: Callable[[], float],
         boot_id: str | None = None,
+        refused: Callable[[list[BoundError]], None] | None = None,
     ) -> None:
         self.spool = spool
         self.agent_id = agent_id
         self.host = host
         self._devices = devices
         self._clock = clock
+        self._refused = refused
         self._lock = threading.Lock()
         self._seal_lock = threading.Lock()
         self._intervals: list[wire.Interval] = []
@@ -99,6 +115,27 @@ class Outbox:
             query_counts=counts,
         )
         self.spool.put(
-            seq, wire.encode(batch), created_s=batch.sent_at_s, checkpoint=checkpoint.to_json() if checkpoint else None
+            seq, self._fitted(batch), created_s=batch.sent_at_s, checkpoint=checkpoint.to_json() if checkpoint else None
         )
         return seq
+
+    def _fitted(self, batch: wire.Batch) -> bytes:
+        """The batch encoded, less each record the collector's decoding would refuse (logged and counted)."""
+        left_out: list[BoundError] = []
+        while True:
+            body = wire.encode(batch)
+            try:
+                wire.decode_batch(body)
+                break
+            except BoundError as exc:
+                record = _RECORD.match(exc.field)
+                if record is None or len(left_out) >= MAX_LEFT_OUT:
+                    break  # not one record's fault: the collector's answer will say what
+                del getattr(batch, record[1])[int(record[2])]
+                left_out.append(exc)
+        if left_out:
+            more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
+            log.warning("batch %d: left out a record outside the bounds: %s%s", batch.seq, left_out[0], more)
+            if self._refused is not None:
+                self._refused(left_out)
+        return body

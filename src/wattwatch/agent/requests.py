@@ -1,17 +1,21 @@
 """Turns local-API messages (``agent.local_api``) into registry jobs and wire spans, with errors that say
-what to fix. Pure functions: the agent decides what to do with the results."""
+what to fix, and counts what it refused. Values are checked against ``wattwatch.limits`` here, where the
+caller still hears about it: a span the collector would refuse is dropped alone, with a reason, instead
+of costing a whole batch later. Pure functions: the agent decides what to do with the results."""
 
 from __future__ import annotations
 
-import math
 import re
+import threading
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from wattwatch import wire
 from wattwatch.agent.jobs import DISCOVERED_BY, ActiveJob
 from wattwatch.errors import ConfigError
+from wattwatch.limits import MAX_PID, REASON_MALFORMED, BoundError, check_span, fit_labels, fit_text
 from wattwatch.sensors.base import DeviceInfo
 from wattwatch.units import JOB_KINDS, JobKind
 
@@ -25,16 +29,19 @@ ResolveVisible = Callable[[str, Sequence[DeviceInfo]], list[str]]
 
 def parse_job_start(
     msg: Mapping[str, Any], gpus: Sequence[DeviceInfo], resolve_visible: ResolveVisible | None
-) -> tuple[ActiveJob, list[str], str]:
-    """(job, its GPU keys, a warning or "") from a ``job_start`` message; raises ConfigError.
+) -> tuple[ActiveJob, list[str], str, list[BoundError]]:
+    """(job, its GPU keys, a warning or "", the labels left out) from a ``job_start`` message; raises
+    ConfigError.
 
     ``via`` names the client (``sdk`` by default; ``wattwatch run`` may say ``run``) and becomes the
     job's ``wattwatch.io/discovered-by`` label: explicit jobs record their reason like discovered ones.
+    A label outside the bounds (``limits.fit_labels``) is left out and named in the warning; the job
+    starts with the others.
     """
     job_id = str(msg.get("id") or uuid.uuid4().hex)
     if not JOB_ID.match(job_id):
         raise ConfigError(f"job id {job_id!r} may only contain letters, digits and _.:@/- (max 200)")
-    name = str(msg.get("name") or job_id)[:200]
+    name = fit_text(str(msg.get("name") or job_id)) or job_id
     kind = as_kind(msg.get("kind") or "other")
     labels = msg.get("labels") or {}
     if not isinstance(labels, dict):
@@ -44,24 +51,26 @@ def parse_job_start(
         raise ConfigError(f"via {via!r} must be a short lowercase word such as sdk or run")
     pid = msg.get("pid")
     cvd = msg.get("cuda_visible_devices")
-    warning = ""
+    given = {str(k): v if isinstance(v, str) else str(v) for k, v in labels.items()}
+    fitted, dropped = fit_labels({**given, DISCOVERED_BY: via})
+    warnings = [str(exc) for exc in dropped[:3]] + ([f"and {len(dropped) - 3} more"] if len(dropped) > 3 else [])
     devices: list[str] = []
     if cvd is not None and gpus and resolve_visible is not None:
         try:
             devices = resolve_visible(str(cvd), gpus) if str(cvd).strip() else []
         except ConfigError as exc:
-            warning = f"{exc}; the job is measured without GPUs"
+            warnings.insert(0, f"{exc}; the job is measured without GPUs")
     job = ActiveJob(
         id=job_id,
         name=name,
         kind=kind,
         started_at_s=0.0,
-        labels={**{str(k): str(v) for k, v in labels.items()}, DISCOVERED_BY: via},
+        labels=fitted,
         devices=frozenset(devices),
-        pids={int(pid)} if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else set(),
+        pids={int(pid)} if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= MAX_PID else set(),
         bind_by_process=cvd is None,
     )
-    return job, devices, warning
+    return job, devices, "; ".join(warnings), dropped
 
 
 def as_kind(kind: object) -> JobKind:
@@ -72,29 +81,27 @@ def as_kind(kind: object) -> JobKind:
     raise ConfigError(f"job kind {kind!r} is not one of {', '.join(JOB_KINDS)}")
 
 
-def parse_span(msg: Mapping[str, Any], default_job: str | None = None) -> wire.Query:
-    """One span (``query``, ``step`` or ``epoch``) from a message; raises ConfigError naming the field."""
-    job_id = str(msg.get("job") or default_job or "")
-    if not JOB_ID.match(job_id):
-        raise ConfigError(f"a span needs a valid job id, got {job_id!r}")
+def parse_span(msg: Mapping[str, Any], default_job: str | None = None, *, now_s: float | None = None) -> wire.Query:
+    """One span (``query``, ``step`` or ``epoch``) from a message, checked against ``wattwatch.limits`` as
+    the collector will check it (times in the window around ``now_s``, default the clock now); raises
+    ``limits.BoundError`` naming the field and the reason, so a span the collector would refuse never
+    reaches a batch (where it would cost the whole batch)."""
+    job_id = msg.get("job") or default_job or ""
+    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+        raise BoundError("job", f"a span needs a valid job id, got {job_id!r}", REASON_MALFORMED)
     kind = msg.get("kind") or "query"
     if kind not in SPAN_KINDS:
-        raise ConfigError(f"span kind {kind!r} is not one of {', '.join(SPAN_KINDS)}")
-    try:
-        t_start_s = float(msg["t_start_s"])
-        t_end_s = float(msg["t_end_s"])
-        tokens_in = int(msg.get("tokens_in") or 0)
-        tokens_out = int(msg.get("tokens_out") or 0)
-    except KeyError as exc:
-        raise ConfigError(f"a span needs {exc.args[0]}") from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"a span's times and token counts must be numbers ({exc})") from None
-    if not (math.isfinite(t_start_s) and math.isfinite(t_end_s)) or t_start_s <= 0:
-        raise ConfigError("a span's t_start_s and t_end_s must be Unix times in seconds")
-    if t_end_s < t_start_s:
-        raise ConfigError(f"a span ends ({t_end_s}) before it starts ({t_start_s})")
-    if tokens_in < 0 or tokens_out < 0:
-        raise ConfigError("token counts must not be negative")
+        raise BoundError("kind", f"span kind {kind!r} is not one of {', '.join(SPAN_KINDS)}", REASON_MALFORMED)
+    for name in ("t_start_s", "t_end_s"):
+        if name not in msg:
+            raise BoundError(name, f"a span needs {name}", REASON_MALFORMED)
+    t_start_s, t_end_s, tokens_in, tokens_out = check_span(
+        msg["t_start_s"],
+        msg["t_end_s"],
+        msg.get("tokens_in") or 0,
+        msg.get("tokens_out") or 0,
+        now_s=time.time() if now_s is None else now_s,
+    )
     return wire.Query(
         job=job_id,
         t_start_s=t_start_s,
@@ -105,22 +112,44 @@ def parse_span(msg: Mapping[str, Any], default_job: str | None = None) -> wire.Q
     )
 
 
-def parse_spans(msg: Mapping[str, Any]) -> tuple[list[wire.Query], list[str]]:
-    """The spans of a ``queries`` message and an error per rejected span (the good ones are kept)."""
+def parse_spans(msg: Mapping[str, Any], *, now_s: float | None = None) -> tuple[list[wire.Query], list[BoundError]]:
+    """The spans of a ``queries`` message and an error per refused span (the good ones are kept)."""
     spans = msg.get("spans")
     if not isinstance(spans, list):
         raise ConfigError('queries needs "spans": a list of span objects')
     if len(spans) > MAX_SPANS_PER_MESSAGE:
         raise ConfigError(f"at most {MAX_SPANS_PER_MESSAGE} spans per message; send several messages")
     default_job = msg.get("job")
+    now_s = time.time() if now_s is None else now_s
     good: list[wire.Query] = []
-    errors: list[str] = []
+    errors: list[BoundError] = []
     for i, span in enumerate(spans):
         if not isinstance(span, dict):
-            errors.append(f"spans[{i}]: not an object")
+            errors.append(BoundError(f"spans[{i}]", "not an object", REASON_MALFORMED))
             continue
         try:
-            good.append(parse_span(span, default_job=str(default_job) if default_job else None))
-        except ConfigError as exc:
-            errors.append(f"spans[{i}]: {exc}")
+            good.append(parse_span(span, default_job=str(default_job) if default_job else None, now_s=now_s))
+        except BoundError as exc:
+            errors.append(BoundError(f"spans[{i}].{exc.field}", exc.message, exc.reason))
     return good, errors
+
+
+class Refusals:
+    """What the agent refused as out of bounds, by reason (``limits.REASONS``): spans and labels at the local
+    API, its own records at sealing (``agent.outbox``). The agent's ``wattwatch_agent_refused_total``.
+    Counts only: whoever refuses tells the caller or the log. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def add(self, errors: Iterable[BoundError]) -> None:
+        """Count each refusal under its reason."""
+        with self._lock:
+            for exc in errors:
+                self._counts[exc.reason] = self._counts.get(exc.reason, 0) + 1
+
+    def counts(self) -> dict[str, int]:
+        """reason -> refusals since the agent started."""
+        with self._lock:
+            return dict(self._counts)

@@ -39,7 +39,7 @@ from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.push import Pusher
-from wattwatch.agent.requests import ResolveVisible, parse_job_start, parse_span, parse_spans
+from wattwatch.agent.requests import Refusals, ResolveVisible, parse_job_start, parse_span, parse_spans
 from wattwatch.agent.restore import (
     ENDED_AT_RESTART,
     ENDED_PROCESS_GONE,
@@ -59,6 +59,7 @@ from wattwatch.agent.spool import SPOOL_FILE, Spool
 from wattwatch.agent.tracker import GpuProcesses, ProcessTracker, discovered_by
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.limits import BoundError, fit_labels, fit_text
 from wattwatch.sensors.base import DeviceInfo, Sensor
 from wattwatch.tls import client_verify
 
@@ -91,12 +92,12 @@ def _ended_at_restart(mark: JobMark, last_seen_s: float) -> wire.Job:
     """The end record of a job whose processes were gone when the agent came back."""
     return wire.Job(
         id=mark.id,
-        name=mark.name,
+        name=fit_text(mark.name) or mark.id,
         kind=mark.kind,
         started_at_s=mark.started_at_s,
         ended_at_s=max(last_seen_s, mark.started_at_s),
         devices=list(mark.devices),
-        labels=dict(mark.labels),
+        labels=fit_labels(mark.labels)[0],
         pid=min(mark.pids) if mark.pids else None,
         ended_by=ENDED_AT_RESTART,
     )
@@ -159,6 +160,7 @@ class Agent:
         # Self-metrics: energy and power per device are added up as intervals close; the rest is read
         # at scrape time. Served only with settings.metrics_listen (checked first: nothing is open yet).
         self.device_totals = DeviceTotals()
+        self.refused = Refusals()  # what the local API refused, by reason (limits.REASONS)
         self.metrics_registry = build_registry(self)
         self._metrics: MetricsServer | None = None
         if settings.metrics_listen:
@@ -226,7 +228,15 @@ class Agent:
         # Job id -> end events queued and not yet processed (local-API threads add, the worker removes).
         self._ends_queued: dict[str, int] = {}
         self._ends_lock = threading.Lock()
-        self.outbox = Outbox(self.spool, agent_id, self.host, self.sampler.wire_devices, clock, boot_id=self._boot_id)
+        self.outbox = Outbox(
+            self.spool,
+            agent_id,
+            self.host,
+            self.sampler.wire_devices,
+            clock,
+            boot_id=self._boot_id,
+            refused=self.refused.add,
+        )
         self._settler: ShareSettler | None = None
         if self.tracker is not None and self.tracker.weighs_by_utilization:
             self._settler = ShareSettler(
@@ -339,14 +349,21 @@ class Agent:
         if op == "job_end":
             return self.job_end(str(msg.get("id", "")))
         if op == "query":
-            self.add_spans([parse_span(msg)])
+            try:
+                span = parse_span(msg, now_s=self._clock())
+            except BoundError as exc:
+                self.refused.add([exc])
+                return {"ok": False, "error": str(exc), "field": exc.field, "reason": exc.reason}
+            self.add_spans([span])
             return {"ok": True}
         if op == "queries":
-            spans, errors = parse_spans(msg)
+            spans, errors = parse_spans(msg, now_s=self._clock())
+            self.refused.add(errors)
             self.add_spans(spans)
             reply: dict[str, Any] = {"ok": not errors, "accepted": len(spans), "rejected": len(errors)}
             if errors:
-                reply["error"] = "; ".join(errors[:5]) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
+                named = [str(exc) for exc in errors[:5]]
+                reply["error"] = "; ".join(named) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
             return reply
         if op == "jobs":
             return {"ok": True, "jobs": self.jobs()}
@@ -358,7 +375,8 @@ class Agent:
     def job_start(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Register a job; the boundary reading is taken asynchronously at the returned ``t_s``."""
         gpus = [d for d in self.sampler.devices.values() if d.kind == "gpu"]
-        job, devices, warning = parse_job_start(msg, gpus, self._resolve_visible)
+        job, devices, warning, dropped = parse_job_start(msg, gpus, self._resolve_visible)
+        self.refused.add(dropped)
         t_s = self._put(_Event("start", 0.0, job=job), hook=lambda t: self._hook_start(job, t))
         reply: dict[str, Any] = {"ok": True, "id": job.id, "t_s": t_s, "host": self.host, "devices": devices}
         if warning:

@@ -14,20 +14,18 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
-import msgspec
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from wattwatch.collector import contract
 from wattwatch.collector.auth import DEFAULT_REFRESH_S, Authenticator
 from wattwatch.collector.bodies import OPENAPI_BODIES
-from wattwatch.collector.errors import ApiError
+from wattwatch.collector.errors import ApiError, InternalErrorMiddleware
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.routes import Context, build_router
@@ -35,6 +33,7 @@ from wattwatch.collector.silent_scheduler import SilentHostScheduler
 from wattwatch.collector.span_scheduler import DEFAULT_INTERVAL_S, SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
+from wattwatch.limits import BoundError
 from wattwatch.storage.engine import check_schema, make_engine
 from wattwatch.storage.span_energy import DEFAULT_SETTLE_S
 
@@ -113,7 +112,8 @@ def create_app(
     app.state.auth = auth
     app.include_router(build_router(ctx, auth))
     _install_error_handlers(app, db)
-    _document_bodies(app)
+    app.add_middleware(InternalErrorMiddleware)
+    contract.install(app, OPENAPI_BODIES)
     _serve_docs(app, auth)
     return app
 
@@ -142,7 +142,11 @@ def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
         first = exc.errors()[0] if exc.errors() else {"loc": ("request",), "msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body", "header")]
         field = ".".join(loc) or "request"
-        return JSONResponse({"error": f"{field}: {first.get('msg', 'invalid')}", "field": field}, status_code=422)
+        message = f"{field}: {first.get('msg', 'invalid')}"
+        if first.get("type") == "string_pattern_mismatch" and field in contract.PATTERN_HINTS:
+            # A regular expression tells a person little; say what a good value looks like.
+            message = f"{field}: {first.get('input')!r} is not {contract.PATTERN_HINTS[field]}"
+        return JSONResponse({"error": message, "field": field}, status_code=422)
 
     def database_error(_request: Request, exc: Exception) -> JSONResponse:
         # Sync handler: FastAPI runs it in the thread pool, and check_schema talks to the database.
@@ -157,23 +161,14 @@ def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
     async def storage_error(_request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"error": str(exc), "field": None}, status_code=503)
 
+    async def bound_error(_request: Request, exc: Exception) -> JSONResponse:
+        # A value outside wattwatch.limits that a route checked after decoding (a time outside the window,
+        # a job end before its start): 422 naming the field, like a body that does not decode.
+        assert isinstance(exc, BoundError)
+        return JSONResponse({"error": exc.message, "field": exc.field}, status_code=422)
+
     app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(BoundError, bound_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(SQLAlchemyError, database_error)
     app.add_exception_handler(StorageError, storage_error)
-
-
-def _document_bodies(app: FastAPI) -> None:
-    """Put msgspec's JSON Schemas of the request bodies into /openapi.json's components."""
-    _, components = msgspec.json.schema_components(
-        list(OPENAPI_BODIES.values()), ref_template="#/components/schemas/{name}"
-    )
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]

@@ -28,8 +28,8 @@ class QueryIn(msgspec.Struct, forbid_unknown_fields=True):
 
     t_start_s: wire.Epoch_s
     t_end_s: wire.Epoch_s
-    tokens_in: wire.NonNegInt = 0
-    tokens_out: wire.NonNegInt = 0
+    tokens_in: wire.Tokens = 0
+    tokens_out: wire.Tokens = 0
     job: wire.Key | None = None
     kind: wire.SpanKind = "query"
 

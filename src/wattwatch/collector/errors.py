@@ -1,6 +1,14 @@
-"""The one exception routes raise to answer with an error; app.py turns it into JSON."""
+"""The one exception routes raise to answer with an error (app.py turns it into JSON), and the middleware
+that answers every other exception with a JSON 500."""
 
 from __future__ import annotations
+
+import logging
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -11,3 +19,37 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.field = field
+
+
+class InternalErrorMiddleware:
+    """Answers an exception no handler took with ``{"error": ..., "field": null}`` and status 500.
+
+    The traceback goes to the collector's log, never to the client. And the request ends normally:
+    Starlette's own last-resort handler re-raises after answering, and the server then closes the
+    connection, so a client's next request on that keep-alive connection would be reset.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app; answer a JSON 500 for an exception raised before the response started."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if started:
+                raise  # part of a response is out: nothing sound can follow it on this connection
+            body = {"error": "internal error; the collector's log has the details", "field": None}
+            await JSONResponse(body, status_code=500)(scope, receive, send)

@@ -81,6 +81,13 @@ class MetricsLeader:
             return
         conn, self._conn = self._conn, None
         try:
+            # Release first: a closed socket frees the lock only when the server's backend notices the
+            # disconnect, later, so a replica asking at once would still find it taken.
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
+            conn.commit()
+        except SQLAlchemyError:
+            pass  # a dead connection: the server frees the lock when it sees the session end
+        try:
             # The pool would keep the session (and the lock) alive: end it for real.
             conn.invalidate()
             conn.close()

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 
-from wattwatch import wire
+from wattwatch import limits, wire
+from wattwatch.collector import contract
 from wattwatch.collector.auth import Authenticator, Principal
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
 from wattwatch.collector.errors import ApiError
@@ -32,8 +33,9 @@ from wattwatch.units import JOB_KINDS, parse_duration_s
 T = TypeVar("T")
 # Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
 MAX_BATCH_BYTES = 64 << 20
-JobId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$")]
-_ERROR = {"content": {"application/json": {"example": {"error": "what went wrong", "field": "intervals[0].energy_j"}}}}
+JobId = contract.JobId
+# Job ids may hold "/" (a wire Key: agents name Kubernetes jobs "ns/name"), so routes take the id as a
+# ``path``: /api/v1/jobs/ns/name/end ends job "ns/name". The document still says ``{job_id}``.
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,6 @@ def _kind(kind: str | None) -> str | None:
 # Reads (reports, jobs, /metrics) need a reader or admin token; writes an agent token for the host written
 # (or admin): ``Principal.require_write`` checks the host where the route knows it. While no token exists
 # the collector is open and everyone is allowed (``collector.auth``).
-_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {401: _ERROR, 403: _ERROR}
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -115,6 +116,9 @@ IdempotencyKey = Annotated[
         description="a retried post with the same key and spans is stored once",
     ),
 ]
+
+# HTTP's own header, not an API parameter: the operations' descriptions and their 415 say what is taken.
+ContentEncoding = Annotated[str | None, Header(alias="Content-Encoding", include_in_schema=False)]
 
 
 def _writer(request: Request) -> Principal:
@@ -140,17 +144,17 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
     router = APIRouter()
     guarded = [Depends(auth.reader)]
     s = ctx.settings
+    window = s.time_window()
     carbon = {"grid_intensity_g_per_kwh": s.grid_intensity_g_per_kwh, "pue": s.pue}
 
     @router.post(
         "/api/v1/ingest",
         openapi_extra=_body("Batch"),
-        responses={422: _ERROR, 409: _ERROR, **_AUTH_ERRORS},
+        responses=contract.responses("IngestResult", 409, 413, 415, 422, 503),
+        response_model=None,
         tags=["agents"],
     )
-    def ingest(
-        who: Writer, body: RawBody, content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None
-    ) -> dict[str, Any]:
+    def ingest(who: Writer, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
         """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq); an agent id belongs to
         the first host that pushed it, and a key reused with other content is a 409."""
         encoding = (content_encoding or "identity").strip().lower()
@@ -173,6 +177,11 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             raise
         who.require_write(batch.host, "host")
         try:
+            limits.check_batch_times(batch, ctx.clock(), window)  # a 422 naming the field: app.py
+        except limits.BoundError:
+            ctx.ingest.errors.inc()
+            raise
+        try:
             result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
         except (repository.AgentIdTaken, repository.KeyReused) as exc:
             ctx.ingest.errors.inc()
@@ -184,18 +193,26 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             ctx.ingest.intervals.inc(result.n_intervals)
         return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
 
-    @router.post("/api/v1/jobs", openapi_extra=_body("JobStart"), responses=_AUTH_ERRORS, tags=["jobs"])
+    @router.post(
+        "/api/v1/jobs",
+        openapi_extra=_body("JobStart"),
+        responses=contract.responses("JobEntry", 422, 503),
+        response_model=None,
+        tags=["jobs"],
+    )
     def start_job(who: Writer, body: RawBody) -> dict[str, Any]:
         """Record a job as one host sees it (sent at start, and again at end if the host likes)."""
         job = _decode(body, JobStart)
         who.require_write(job.host, "host")
+        limits.check_job_times(job, ctx.clock(), window)
         repository.upsert_job(ctx.engine, job.host, job, now_s=ctx.clock())
         return _job_or_404(ctx, job.id, carbon)
 
     @router.post(
-        "/api/v1/jobs/{job_id}/end",
+        "/api/v1/jobs/{job_id:path}/end",
         openapi_extra=_body("JobEnd", required=False),
-        responses={404: _ERROR, **_AUTH_ERRORS},
+        responses=contract.responses("JobEntry", 404, 422, 503),
+        response_model=None,
         tags=["jobs"],
     )
     def end_job(who: Writer, job_id: JobId, body: RawBody) -> dict[str, Any]:
@@ -203,6 +220,8 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         end = _decode(body, JobEnd) if body.strip() else JobEnd()
         if who.role == "agent":
             who.require_host_of(job_id, repository.job_host_names(ctx.engine, job_id))
+        if end.ended_at_s is not None:
+            window.check("ended_at_s", end.ended_at_s, ctx.clock())
         try:
             repository.end_job(ctx.engine, job_id, end.ended_at_s if end.ended_at_s is not None else ctx.clock())
         except repository.UnknownJob as exc:
@@ -210,16 +229,17 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         return _job_or_404(ctx, job_id, carbon)
 
     @router.post(
-        "/api/v1/jobs/{job_id}/queries",
+        "/api/v1/jobs/{job_id:path}/queries",
         openapi_extra=_body("QueriesIn"),
-        responses={404: _ERROR, 409: _ERROR, 413: _ERROR, 422: _ERROR, **_AUTH_ERRORS},
+        responses=contract.responses("QueriesResult", 404, 409, 413, 415, 422, 503),
+        response_model=None,
         tags=["jobs"],
     )
     def add_queries(
         who: Writer,
         job_id: JobId,
         body: RawBody,
-        content_encoding: Annotated[str | None, Header(alias="Content-Encoding")] = None,
+        content_encoding: ContentEncoding = None,
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         """Record completed spans of a job: inference queries (tokens in/out), or training steps/epochs.
@@ -251,6 +271,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         host = who.require_write(posted.host, "host")
         if who.role == "agent":
             who.require_host_of(job_id, repository.job_host_names(ctx.engine, job_id))
+        limits.check_span_times(posted.queries, ctx.clock(), window)
         try:
             n = repository.add_queries(
                 ctx.engine, job_id, items, host=host, idempotency_key=idempotency_key, now_s=ctx.clock()
@@ -263,10 +284,16 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             return {"accepted": n}
         return {"accepted": n, "duplicate": bool(items) and n == 0}
 
-    @router.get("/api/v1/jobs", dependencies=guarded, responses=_AUTH_ERRORS, tags=["jobs"])
+    @router.get(
+        "/api/v1/jobs",
+        dependencies=guarded,
+        responses=contract.responses("JobList", 422, 503),
+        response_model=None,
+        tags=["jobs"],
+    )
     def list_jobs(
-        kind: str | None = None,
-        since: Annotated[str | None, Query(description="e.g. 7d, 12h, 90s")] = None,
+        kind: contract.Kind = None,
+        since: contract.Since = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = repository.DEFAULT_LIST_LIMIT,
     ) -> dict[str, Any]:
         """The newest jobs first, each as a report entry."""
@@ -275,16 +302,26 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         )
         return {"jobs": jobs}
 
-    @router.get("/api/v1/jobs/{job_id}", dependencies=guarded, responses={404: _ERROR, **_AUTH_ERRORS}, tags=["jobs"])
+    @router.get(
+        "/api/v1/jobs/{job_id:path}",
+        dependencies=guarded,
+        responses=contract.responses("JobEntry", 404, 422, 503),
+        response_model=None,
+        tags=["jobs"],
+    )
     def get_job(job_id: JobId) -> dict[str, Any]:
         """One job's report entry."""
         return _job_or_404(ctx, job_id, carbon)
 
-    @router.get("/api/v1/report", dependencies=guarded, responses=_AUTH_ERRORS, tags=["reports"])
+    @router.get(
+        "/api/v1/report",
+        dependencies=guarded,
+        responses=contract.responses("Report", 422, 503),
+        response_model=None,
+        tags=["reports"],
+    )
     def report(
-        since: Annotated[str | None, Query(description="e.g. 7d, 12h, 90s")] = None,
-        job: str | None = None,
-        kind: str | None = None,
+        since: contract.Since = None, job: contract.JobFilter = None, kind: contract.Kind = None
     ) -> dict[str, Any]:
         """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``."""
         return repository.build_report(
@@ -296,17 +333,30 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             **carbon,
         )
 
-    @router.get("/metrics", dependencies=guarded, responses=_AUTH_ERRORS, tags=["operations"])
+    @router.get(
+        "/metrics",
+        dependencies=guarded,
+        response_class=PlainTextResponse,
+        responses={**contract.PROMETHEUS_TEXT, **contract.responses(None, 503)},
+        tags=["operations"],
+    )
     def metrics() -> Response:
         """Prometheus text exposition of ingest counters and job, idle and host energy."""
         return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @router.get("/healthz", tags=["operations"])
+    @router.get(
+        "/healthz", responses=contract.responses("Health", secured=False), response_model=None, tags=["operations"]
+    )
     async def healthz() -> dict[str, bool]:
         """The process is alive (says nothing about the database)."""
         return {"ok": True}
 
-    @router.get("/readyz", tags=["operations"], responses={503: _ERROR})
+    @router.get(
+        "/readyz",
+        responses={**contract.READINESS, **contract.responses(None, secured=False)},
+        response_model=None,
+        tags=["operations"],
+    )
     def readyz() -> JSONResponse:
         """The database is reachable and migrated to this collector's revision."""
         try:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from wattwatch.errors import DeviceLost, DeviceNotFound, NotSupported, SensorError
+from wattwatch.errors import DeviceLost, DeviceNotFound, SensorError
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.nvml_boundary import CounterPoller
 from wattwatch.sensors.nvml_device import (
@@ -27,15 +27,17 @@ from wattwatch.sensors.nvml_device import (
     GpuDevice,
     GpuTiming,
     NvmlReads,
+    emit,
     integral_at,
     open_device,
     text,
+    tick_read,
 )
 from wattwatch.sensors.nvml_errors import NO_DRIVER, NO_DRIVER_FIX, nvml_errors, translate_nvml_error
-from wattwatch.sensors.nvml_processes import mean_utilization, read_samples
-from wattwatch.sensors.nvml_timing import SHORT_POLL_MAX_S, Change
+from wattwatch.sensors.nvml_processes import gpu_utilization, list_pids, mean_utilization, read_samples
+from wattwatch.sensors.nvml_timing import SHORT_POLL_MAX_S
 from wattwatch.sensors.visible import resolve_visible
-from wattwatch.units import Source, mj_to_j
+from wattwatch.units import Source
 
 __all__ = [
     "NO_DRIVER",
@@ -109,7 +111,7 @@ class NvmlSensor:
         self._reads = NvmlReads(nvml, clock)
         self._power_interval_s = power_sample_interval_s or POWER_SAMPLE_INTERVAL_S
         self._poller = CounterPoller(
-            self._reads, self._sleep_for_poller, poll_interval_s, self._observe, self._fail, self._sample_power_only
+            self._reads, self._sleep_for_poller, poll_interval_s, self._fail, self._sample_power_only
         )
         self._lock = threading.RLock()
         self._lost: set[str] = set()
@@ -173,37 +175,8 @@ class NvmlSensor:
 
     # -- bookkeeping --------------------------------------------------------------------------------
 
-    def _observe(self, dev: GpuDevice, raw_mj: int, t_s: float) -> None:
-        """Take a counter value; a counter that went down was reset (driver reload), never wrapped."""
-        if dev.raw_mj is not None and raw_mj < dev.raw_mj:
-            # What the GPU drew between our last read and now is unknowable from the counter: bridge it
-            # with the average power (the best estimate over a tick-long gap), then follow the new one.
-            try:
-                power_w = self._reads.average_power_w(dev)
-            except NotSupported:
-                power_w = self._reads.instant_power_w(dev)
-            bridged_j = power_w * max(0.0, t_s - dev.raw_t_s)
-            dev.base_j = dev.cumulative_j + bridged_j - mj_to_j(raw_mj)
-            dev.pending_flags.add("counter_reset")
-            log.warning(
-                "%s: energy counter went from %d mJ to %d mJ (driver reload?); bridged %.1f J from power",
-                dev.key,
-                dev.raw_mj,
-                raw_mj,
-                bridged_j,
-            )
-        dev.raw_mj, dev.raw_t_s = raw_mj, t_s
-
     def _emit(self, dev: GpuDevice, t_s: float, energy_j: float, *flags: str) -> EnergyReading:
-        value_j = max(energy_j, dev.returned_j)
-        dev.returned_j = value_j
-        all_flags = tuple(sorted(dev.pending_flags.union(flags)))
-        dev.pending_flags.clear()
-        # On the counter's own scale (since driver load): base_j only holds what resets added.
-        counter_j = value_j - dev.base_j if dev.has_counter else None
-        return EnergyReading(
-            device=dev.key, t_s=t_s, energy_j=value_j, source=self._source(dev), flags=all_flags, counter_j=counter_j
-        )
+        return emit(dev, t_s, energy_j, self._source(dev), flags)
 
     def _source(self, dev: GpuDevice) -> Source:
         if self.simulated:
@@ -295,7 +268,7 @@ class NvmlSensor:
             def tick(dev: GpuDevice) -> None:
                 try:
                     if dev.has_counter:
-                        t_s, energy_j = self._tick_counter(dev)
+                        t_s, energy_j = tick_read(self._reads, dev, self._sleep)
                         out[dev.key] = self._emit(dev, t_s, energy_j)
                     else:
                         self._reads.sample_power(dev)
@@ -324,38 +297,6 @@ class NvmlSensor:
             for dev in self._live():
                 tick(dev)
             return [out[d.key] for d in self._live() if d.key in out]
-
-    def _tick_counter(self, dev: GpuDevice) -> tuple[float, float]:
-        """(t_s, E(t_s)) for a tick read of a counter device (see ``read``)."""
-        before = dev.last_read
-        read = self._reads.counter(dev)
-        timing = dev.timing
-        if not (dev.has_instant and timing.trusted(read.end_s)):
-            dev.last_read = read
-            self._observe(dev, read.raw_mj, read.end_s)
-            return read.end_s, dev.cumulative_j
-        for _ in range(3):
-            wait_s = timing.wait_before_read_s(read.start_s, read.end_s)
-            if wait_s <= 0.0:
-                break
-            # The read may straddle a refresh, so its value could be from either side: read again past it
-            # (and if the value moved in between, that brackets the refresh: learn from it).
-            self._sleep(wait_s)
-            first, read = read, self._reads.counter(dev)
-            if read.raw_mj > first.raw_mj:
-                timing.add(Change.between(first, read), timing.new_run())
-        power_w = self._reads.instant_power_w(dev)
-        dev.last_read = read
-        if before is not None and not timing.consistent(read.raw_mj != before.raw_mj, before, read):
-            log.debug("%s: the counter's refresh phase no longer fits its reads; relearning it", dev.key)
-            timing.drop_phase("the counter's refreshes stopped fitting the learned phase; relearning")
-            self._observe(dev, read.raw_mj, read.end_s)
-            return read.end_s, dev.cumulative_j
-        self._observe(dev, read.raw_mj, read.end_s)
-        period_s = timing.period_s
-        assert period_s is not None  # trusted
-        since_s = min(max(0.0, read.end_s - timing.last_refresh_s(read.start_s)), period_s)
-        return read.end_s, dev.cumulative_j + power_w * since_s
 
     def read_at(self, t_s: float) -> list[EnergyReading]:
         """Cumulative J per live GPU as of ``t_s`` (just past), pinned to each counter's next update.
@@ -399,15 +340,11 @@ class NvmlSensor:
         if key in self._lost:
             return set()
         try:
-            with nvml_errors(self._nvml, f"listing processes on {key}"):
-                procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(dev.handle)
-        except NotSupported:
-            return set()
+            return list_pids(self._nvml, dev.handle, key)
         except DeviceLost as exc:
             with self._lock:
                 self._mark_lost(dev, exc)
             return set()
-        return {int(p.pid) for p in procs}
 
     def utilization_ratio(self, key: str) -> float | None:
         """NVML's GPU utilisation of GPU ``key`` (``nvmlDeviceGetUtilizationRates().gpu``) as 0-1.
@@ -421,14 +358,10 @@ class NvmlSensor:
             if key in self._lost or self._closed:
                 return None
             try:
-                with nvml_errors(self._nvml, f"reading {key}'s utilisation"):
-                    rates = self._nvml.nvmlDeviceGetUtilizationRates(dev.handle)
-            except NotSupported:
-                return None
+                return gpu_utilization(self._nvml, dev.handle, key)
             except SensorError as exc:
                 self._fail(dev, exc)
                 return None
-        return min(max(float(rates.gpu) / 100.0, 0.0), 1.0)
 
     def process_utilization(self, key: str, since_s: float, until_s: float | None = None) -> dict[int, float]:
         """Mean SM utilisation (percent, 0-100) per pid on GPU ``key`` over ``(since_s, until_s]`` (None: now).

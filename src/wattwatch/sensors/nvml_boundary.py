@@ -19,7 +19,8 @@ from itertools import pairwise
 
 from wattwatch.errors import SensorError
 from wattwatch.sensors.nvml_device import GpuDevice, NvmlReads
-from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S, Change, CounterRead
+from wattwatch.sensors.nvml_grid import DENSE_SHARE, Change, CounterRead
+from wattwatch.sensors.nvml_timing import CALIBRATION_MAX_S
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 # period is not learned, UNLEARNED_WAIT_S (long enough for any refresh period up to half a second).
 WAIT_PERIODS = 2.5
 UNLEARNED_WAIT_S = 0.6
+# Calibration polls this many times as often as boundary reads (it runs rarely and briefly).
+CALIBRATION_PACE = 4
 
 
 @dataclass
@@ -174,6 +177,7 @@ class _Probe:
     last: CounterRead | None = None
     boundary: BoundaryProbe = field(default_factory=BoundaryProbe)
     power: PowerWatch = field(default_factory=PowerWatch)
+    deadline_s: float = 0.0  # give up after a round that began past this
 
 
 @dataclass(frozen=True)
@@ -198,8 +202,8 @@ class _Pinned:
 class CounterPoller:
     """Polls GPUs' energy counters: boundary reads (``read_at``) and timing calibrations.
 
-    ``observe`` takes each counter value into the sensor's bookkeeping (reset detection); ``fail``
-    drops a GPU from this poll when a read raises (the sensor marks it lost or warns once);
+    Each counter value goes into the GPU's bookkeeping (``NvmlReads.observe``: resets); ``fail`` drops
+    a GPU from this poll when a read raises (the sensor marks it lost or warns once);
     ``between_polls`` runs after each round of polls (the sensor keeps integrating GPUs without a
     counter, whose own thread waits for the poll to end).
     """
@@ -209,14 +213,12 @@ class CounterPoller:
         reads: NvmlReads,
         sleep: Callable[[float], None],
         poll_interval_s: float,
-        observe: Callable[[GpuDevice, int, float], None],
         fail: Callable[[GpuDevice, SensorError], None],
         between_polls: Callable[[], None] = lambda: None,
     ) -> None:
         self.reads = reads
         self.sleep = sleep
         self.poll_interval_s = poll_interval_s
-        self.observe = observe
         self.fail = fail
         self.between_polls = between_polls
         # Polls are jittered so their brackets fall at varied offsets around the refreshes (a fixed pace
@@ -226,11 +228,11 @@ class CounterPoller:
         # is pinned from them, as that read would have pinned it.
         self._pinned: dict[str, _Pinned] = {}
 
-    def _pause(self, round_start_s: float) -> None:
-        """Wait until the next round of polls: ``poll_interval_s`` on average after this one began, or
-        at once when the calls themselves took that long (slow calls already widen the brackets)."""
+    def _pause(self, round_start_s: float, interval_s: float) -> None:
+        """Wait until the next round of polls: ``interval_s`` on average after this one began, or at
+        once when the calls themselves took that long (slow calls already widen the brackets)."""
         spent_s = self.reads.clock() - round_start_s
-        self.sleep(max(0.0, self.poll_interval_s * (0.5 + self._rng.random()) - spent_s))
+        self.sleep(max(0.0, interval_s * (0.5 + self._rng.random()) - spent_s))
 
     def calibrate(
         self,
@@ -238,7 +240,8 @@ class CounterPoller:
         done: Callable[[GpuDevice], None] = lambda dev: None,
         limit_s: float | None = None,
     ) -> None:
-        """Poll the counters of ``devs`` (all in one loop, every ``poll_interval_s``, for at most
+        """Poll the counters of ``devs`` (all in one loop, CALIBRATION_PACE times as often as a boundary
+        read polls: the brackets' width is what the period's precision comes down to; for at most
         ``limit_s`` or else ``CounterTiming.poll_limit_s``) until each has shown enough refreshes to
         place its phase (see ``CounterTiming.calibrated``); the instant power is read too, to learn
         whether it is live. ``done(dev)`` runs as soon as a device is calibrated (a tick read then needs
@@ -257,7 +260,8 @@ class CounterPoller:
         if limit_s is None:
             for dev in devs:
                 dev.timing.tried_s = start_s
-        polls_left = int(CALIBRATION_MAX_S / self.poll_interval_s) + 2  # a stuck clock cannot hang us
+        interval_s = self.poll_interval_s / CALIBRATION_PACE
+        polls_left = int(CALIBRATION_MAX_S / interval_s) + 2  # a stuck clock cannot hang us
         while pending and polls_left > 0:
             round_start_s = clock()
             for key, dev in list(pending.items()):
@@ -266,7 +270,7 @@ class CounterPoller:
                 watch_power = dev.has_instant and not dev.instant_live
                 try:
                     read = self.reads.counter(dev)
-                    self.observe(dev, read.raw_mj, read.end_s)
+                    self.reads.observe(dev, read.raw_mj, read.end_s)
                     power_w = self.reads.instant_power_w(dev) if watch_power else None
                 except SensorError as exc:
                     self.fail(dev, exc)
@@ -293,7 +297,7 @@ class CounterPoller:
                 del pending[key]
             if not pending:
                 break
-            self._pause(round_start_s)
+            self._pause(round_start_s, interval_s)
         elapsed_s = clock() - start_s
         for dev in devs:
             if limit_s is None:
@@ -303,7 +307,13 @@ class CounterPoller:
                 log.debug("%s: the counter did not refresh in %.2f s of calibration", dev.key, elapsed_s)
 
     def boundary(self, devs: list[GpuDevice], t_s: float) -> dict[str, tuple[float, tuple[str, ...]]]:
-        """E(t_s) and flags per device in ``devs`` (counter devices): see ``NvmlSensor.read_at``."""
+        """E(t_s) and flags per device in ``devs`` (counter devices): see ``NvmlSensor.read_at``.
+
+        A device is pinned at the first refresh after ``t_s`` whose bracket is narrower than its period
+        (a wider one, after a poll held up on a loaded host, may hold several refreshes, and the value is
+        as of the last: its time is not known); it is given up on after a round that began a wait past
+        ``t_s`` or past such a wide bracket, so a thread held up longer than the wait still polls again.
+        """
         clock = self.reads.clock
         done: dict[str, tuple[float, tuple[str, ...]]] = {}
         for dev in devs:
@@ -317,13 +327,13 @@ class CounterPoller:
         devs = [d for d in devs if d.key not in done]
         probes = {d.key: _Probe(d, d.timing.new_run()) for d in devs}
         start_s = clock()
-        waits = {}
+        waits: dict[str, float] = {}
         for dev in devs:
             period_s = dev.timing.period_s
             waits[dev.key] = UNLEARNED_WAIT_S if period_s is None else WAIT_PERIODS * period_s
-        deadline_s = max(start_s, t_s) + max(waits.values(), default=0.0)
+            probes[dev.key].deadline_s = max(start_s, t_s) + waits[dev.key]
         # Also bound the number of polls, so a clock that does not move cannot hang the agent.
-        polls_left = 2 * int((deadline_s - start_s) / self.poll_interval_s) + 10
+        polls_left = 4 * int(max(waits.values(), default=0.0) / self.poll_interval_s) + 20
         while probes:
             round_start_s = clock()
             for key, probe in list(probes.items()):
@@ -333,31 +343,37 @@ class CounterPoller:
                     self.fail(probe.dev, exc)
                     del probes[key]
                     continue
-                if change is not None and change.lo_s >= t_s:
+                if change is None or change.lo_s < t_s:
+                    continue
+                period_s = probe.dev.timing.period_s
+                if period_s is None or change.hi_s - change.lo_s < DENSE_SHARE * period_s:
                     done[key] = self._pin(probe, t_s, change)
                     del probes[key]
+                else:
+                    probe.deadline_s = change.hi_s + waits[key]  # wait for the next, narrow one
             if not probes:
                 break
             polls_left -= 1
             self.between_polls()
-            now_s = clock()
-            if polls_left <= 0 or all(now_s >= max(start_s, t_s) + waits[k] for k in probes):
-                for key, probe in probes.items():
+            for key, probe in list(probes.items()):
+                if polls_left <= 0 or round_start_s >= probe.deadline_s:
                     log.debug("%s: counter did not move within %.2f s of a boundary", key, waits[key])
                     flags: tuple[str, ...] = ("boundary_unrefined",)
                     if probe.dev.timing.period_s is None:
-                        probe.dev.timing.note_no_change(now_s - start_s)
+                        probe.dev.timing.note_no_change(clock() - start_s)
                         flags += ("period_unlearned",)
                     done[key] = (probe.dev.cumulative_j, flags)
+                    del probes[key]
+            if not probes:
                 break
-            self._pause(round_start_s)
+            self._pause(round_start_s, self.poll_interval_s)
         return done
 
     def _poll(self, probe: _Probe) -> Change | None:
         """One poll of one device: counter, then power; the refresh bracketed since the last poll, if any."""
         dev = probe.dev
         read = self.reads.counter(dev)
-        self.observe(dev, read.raw_mj, read.start_s)
+        self.reads.observe(dev, read.raw_mj, read.start_s)
         power_w, power_t_s = self.reads.timed_power_w(dev)
         last, probe.last = probe.last, read
         moved = last is not None and read.raw_mj > last.raw_mj  # a drop is a reset, not a refresh
@@ -377,7 +393,13 @@ class CounterPoller:
 
     def _pin(self, probe: _Probe, t_s: float, change: Change) -> tuple[float, tuple[str, ...]]:
         """E(t_s) from the counter update ``change`` and the power sampled while polling; the polls are
-        kept for a boundary that follows before that update (``_Pinned``)."""
+        kept for a boundary that follows before that update (``_Pinned``).
+
+        When the polls were held up for over a period (a loaded host), the power between them is not
+        known: E(t_s) is then taken from the first poll instead, whose value is as of the refresh the
+        learned phase places before it, plus its power for the time from there to ``t_s`` (under a
+        period); without a trusted phase the estimate is flagged ``boundary_unrefined``.
+        """
         dev = probe.dev
         pinned = _Pinned(
             t_s=t_s,
@@ -389,6 +411,16 @@ class CounterPoller:
             period_s=dev.timing.period_s,
         )
         self._pinned[dev.key] = pinned
-        return pin_boundary(
+        estimate = pin_boundary(
             pinned.boundary, pinned.u_j, t_s, pinned.t_u, pinned.held, pinned.period_s, self.poll_interval_s
         )
+        samples, first_j, period_s = probe.boundary.samples, probe.boundary.first_j, pinned.period_s
+        held_up = period_s is not None and any(b[0] - a[0] > period_s for a, b in pairwise(samples))
+        if not held_up or first_j is None:
+            return estimate
+        first_t_s, first_w = probe.boundary.first_t_s, samples[0][1]
+        timing = dev.timing
+        # (Not when the first poll may straddle a refresh: its value could be as of either.)
+        if timing.trusted(first_t_s) and timing.wait_before_read_s(first_t_s, first_t_s, near=False) == 0.0:
+            return first_j + first_w * (t_s - timing.last_refresh_s(first_t_s)), ()
+        return estimate[0], ("boundary_unrefined",)

@@ -13,11 +13,12 @@ from itertools import pairwise
 from typing import Any
 
 from wattwatch.errors import DeviceLost, NotSupported, SensorError
-from wattwatch.sensors.base import DeviceInfo
+from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.nvml_errors import nvml_errors, translate_nvml_error
+from wattwatch.sensors.nvml_grid import Change, CounterRead
 from wattwatch.sensors.nvml_processes import SamplePeriod
-from wattwatch.sensors.nvml_timing import CounterRead, CounterTiming
-from wattwatch.units import mj_to_j, mw_to_w
+from wattwatch.sensors.nvml_timing import CounterTiming
+from wattwatch.units import Source, mj_to_j, mw_to_w
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,27 @@ class NvmlReads:
         power_w = self.power_w(dev)
         return power_w, (start_s + self.clock()) / 2.0
 
+    def observe(self, dev: GpuDevice, raw_mj: int, t_s: float) -> None:
+        """Take a counter value; a counter that went down was reset (driver reload), never wrapped."""
+        if dev.raw_mj is not None and raw_mj < dev.raw_mj:
+            # What the GPU drew between our last read and now is unknowable from the counter: bridge it
+            # with the average power (the best estimate over a tick-long gap), then follow the new one.
+            try:
+                power_w = self.average_power_w(dev)
+            except NotSupported:
+                power_w = self.instant_power_w(dev)
+            bridged_j = power_w * max(0.0, t_s - dev.raw_t_s)
+            dev.base_j = dev.cumulative_j + bridged_j - mj_to_j(raw_mj)
+            dev.pending_flags.add("counter_reset")
+            log.warning(
+                "%s: energy counter went from %d mJ to %d mJ (driver reload?); bridged %.1f J from power",
+                dev.key,
+                dev.raw_mj,
+                raw_mj,
+                bridged_j,
+            )
+        dev.raw_mj, dev.raw_t_s = raw_mj, t_s
+
     def sample_power(self, dev: GpuDevice) -> None:
         """Trapezoid step of a power-only device's integral up to now."""
         power_w = self.power_w(dev)
@@ -194,6 +216,51 @@ class NvmlReads:
             dev.history.append((t_s, dev.integral_j))
         if not dev.has_instant:
             dev.pending_flags.add("power_averaged")
+
+
+def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) -> tuple[float, float]:
+    """(t_s, E(t_s)) for a tick read of a counter GPU (see ``NvmlSensor.read``): the counter as of its
+    last refresh, plus the instant power over the time since, where the learned phase places it."""
+    before = dev.last_read
+    read = reads.counter(dev)
+    timing = dev.timing
+    if not (dev.has_instant and timing.trusted(read.end_s)):
+        dev.last_read = read
+        reads.observe(dev, read.raw_mj, read.end_s)
+        return read.end_s, dev.cumulative_j
+    for _ in range(3):
+        wait_s = timing.wait_before_read_s(read.start_s, read.end_s)
+        if wait_s <= 0.0:
+            break
+        # The read may straddle a refresh (or be just before one): read again past it; if the value
+        # moved in between, that brackets the refresh, so learn from it.
+        sleep(wait_s)
+        first, read = read, reads.counter(dev)
+        if read.raw_mj > first.raw_mj:
+            timing.add(Change.between(first, read), timing.new_run())
+    power_w = reads.instant_power_w(dev)
+    dev.last_read = read
+    if before is not None and not timing.consistent(read.raw_mj != before.raw_mj, before, read):
+        log.debug("%s: the counter's refresh phase no longer fits its reads; relearning it", dev.key)
+        timing.drop_phase("the counter's refreshes stopped fitting the learned phase; relearning")
+        reads.observe(dev, read.raw_mj, read.end_s)
+        return read.end_s, dev.cumulative_j
+    reads.observe(dev, read.raw_mj, read.end_s)
+    period_s = timing.period_s
+    assert period_s is not None  # trusted
+    since_s = min(max(0.0, read.end_s - timing.last_refresh_s(read.start_s)), period_s)
+    return read.end_s, dev.cumulative_j + power_w * since_s
+
+
+def emit(dev: GpuDevice, t_s: float, energy_j: float, source: Source, flags: tuple[str, ...]) -> EnergyReading:
+    """The reading of ``dev`` at ``t_s``: never below one returned before, with the flags gathered since."""
+    value_j = max(energy_j, dev.returned_j)
+    dev.returned_j = value_j
+    all_flags = tuple(sorted(dev.pending_flags.union(flags)))
+    dev.pending_flags.clear()
+    # On the counter's own scale (since driver load): base_j only holds what resets added.
+    counter_j = value_j - dev.base_j if dev.has_counter else None
+    return EnergyReading(device=dev.key, t_s=t_s, energy_j=value_j, source=source, flags=all_flags, counter_j=counter_j)
 
 
 def integral_at(dev: GpuDevice, t_s: float) -> tuple[float, tuple[str, ...]]:

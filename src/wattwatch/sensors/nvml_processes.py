@@ -1,5 +1,5 @@
-"""Per-process GPU utilisation from NVML (``nvmlDeviceGetProcessUtilization``), for sharing a GPU's
-energy among the jobs on it.
+"""GPU processes through NVML: which run on a GPU, how busy the GPU is, and per-process utilisation
+(``nvmlDeviceGetProcessUtilization``), for sharing a GPU's energy among the jobs on it.
 
 NVML keeps a buffer of samples, each a process's mean SM utilisation over the sample period before its
 timestamp, listing only the processes busy in it. The period is not assumed: it is learned per GPU from
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from wattwatch.errors import DeviceNotFound
+from wattwatch.errors import DeviceNotFound, NotSupported
 from wattwatch.sensors.nvml_errors import nvml_errors
-from wattwatch.sensors.nvml_timing import Change, coarse_period
+from wattwatch.sensors.nvml_grid import Change, coarse_period
 
 # Per-process samples stamped closer than this are one sampling instant (several processes listed).
 SAME_SAMPLE_S = 0.001
@@ -31,6 +31,28 @@ class ProcessSample:
     pid: int
     stamp_s: float
     sm_util: float
+
+
+def list_pids(nvml: Any, handle: Any, key: str) -> set[int]:
+    """Pids of the compute processes NVML lists on GPU ``key`` (empty when it does not support the
+    call); other NVML errors raise, translated."""
+    try:
+        with nvml_errors(nvml, f"listing processes on {key}"):
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except NotSupported:
+        return set()
+    return {int(p.pid) for p in procs}
+
+
+def gpu_utilization(nvml: Any, handle: Any, key: str) -> float | None:
+    """NVML's GPU utilisation of GPU ``key`` as 0-1 (None when the driver does not report it); other NVML
+    errors raise, translated."""
+    try:
+        with nvml_errors(nvml, f"reading {key}'s utilisation"):
+            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+    except NotSupported:
+        return None
+    return min(max(float(rates.gpu) / 100.0, 0.0), 1.0)
 
 
 def read_samples(nvml: Any, handle: Any, key: str, since_s: float) -> list[ProcessSample]:

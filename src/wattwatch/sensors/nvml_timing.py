@@ -1,19 +1,15 @@
-"""An NVML energy counter's timing, learned from its own readings: refresh period, phase, call latency.
+"""An NVML energy counter's timing, learned from its own readings: refresh period and phase.
 
-Nothing about the hardware's timing is assumed. ``nvmlDeviceGetTotalEnergyConsumption`` only changes
-when the board refreshes it, so two reads a few ms apart that return different values bracket one
-refresh: it lies after the first call began and before the second one ended (``Change``). Polling
-(the start-up calibration, every boundary read) collects such brackets; from them:
+Nothing about the hardware's timing is assumed. Polling the counter (the start-up calibration, short
+polls when the phase has drifted, every boundary read) brackets its refreshes (``nvml_grid.Change``);
+``CounterTiming`` keeps them and from them:
 
-- the **period**: the gaps between consecutive changes seen in one uninterrupted poll are whole
-  multiples of it (one, unless a refresh left the value unchanged), so the smallest cluster of gaps
-  gives a first estimate and the span of each run over its number of refreshes a better one
-  (``coarse_period``);
+- the **period**, from the changes of uninterrupted polls (``nvml_grid.coarse_period``);
 - the **phase** and a **precise period**: every bracket, old or new, is given its refresh number by
   unwrapping from the one before (only when the period is known well enough that the number cannot be
-  off by one); a straight-line fit through them gives the period to microseconds after a few seconds,
-  and the brackets, carried to the latest refresh, intersect in a window of a fraction of a ms: where
-  the next refreshes fall (``CounterTiming``).
+  off by one, or when both are consecutive changes of one poll); the grid through them bounds the
+  period to microseconds after a few seconds and places the next refreshes within a fraction of a ms
+  (``nvml_grid.Chain.fit``); tick reads use it to extrapolate from the last refresh.
 
 The history is bounded and every new bracket updates the estimate, so the sensor keeps learning while it
 runs and drops a model that stops fitting. Until it has learned, callers fall back to what needs no
@@ -23,19 +19,23 @@ timing (``CounterTiming.period_s`` is None and ``why_not`` says why).
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import pairwise
+
+from wattwatch.sensors.nvml_grid import (
+    DENSE_SHARE,
+    GAP_TOLERANCE,
+    Chain,
+    Change,
+    CounterRead,
+    PhaseFit,
+    coarse_period,
+    one_period,
+)
 
 # A change seen between reads further apart than this says too little about when the refresh was.
 MAX_CHANGE_WIDTH_S = 0.01
-# Gaps within this fraction of a period of a whole number of periods count as that number (refresh
-# jitter on real boards, call latency); anything further off is an outlier.
-GAP_TOLERANCE = 0.2
-# A bracket narrower than this share of the period holds one refresh, no more.
-DENSE_SHARE = 0.9
 # A refresh number is assigned only when the worst-case error of the prediction stays below this
 # fraction of a period (so it cannot be off by one).
 UNWRAP_MARGIN = 0.4
@@ -53,243 +53,14 @@ SHORT_POLL_MAX_S = 0.012
 # The first calibration polls until the phase can be placed this far ahead to within a quarter period
 # (so the phase stays trusted for seconds before a refresh poll is needed), or for at most
 # CALIBRATION_MAX_S; once the period is known, a poll only needs one fresh refresh.
-LOOKAHEAD_S = 10.0
+LOOKAHEAD_S = 30.0
 CALIBRATION_MAX_S = 1.0
 HISTORY = 128  # refresh brackets kept (the oldest are dropped)
 READ_MARGIN_S = 1e-5  # how far past a predicted refresh window a tick read waits
-PAIR_EDGE = 16  # brackets at each end of the history whose pairs bound the period
-
-
-@dataclass(frozen=True)
-class CounterRead:
-    """One read of the counter: its value and the clock just before and just after the NVML call."""
-
-    raw_mj: int
-    start_s: float
-    end_s: float
-
-    @property
-    def mid_s(self) -> float:
-        """Best guess of the instant the value is as of (NVML does not say)."""
-        return (self.start_s + self.end_s) / 2.0
-
-
-@dataclass(frozen=True)
-class Change:
-    """The counter refreshed in ``(lo_s, hi_s]``; ``at_s`` is the best guess of when."""
-
-    lo_s: float
-    hi_s: float
-    at_s: float
-
-    @property
-    def uncertainty_s(self) -> float:
-        """How far ``at_s`` can be from the refresh, at worst."""
-        return max(self.at_s - self.lo_s, self.hi_s - self.at_s)
-
-    @classmethod
-    def between(cls, before: CounterRead, after: CounterRead) -> Change:
-        """The refresh between a read that still saw the old value and one that saw the new value."""
-        return cls(before.start_s, after.end_s, (before.mid_s + after.mid_s) / 2.0)
-
-
-def _telescope(runs: list[list[Change]], step: Callable[[Change, Change], int | None]) -> tuple[float, float, int]:
-    """(period, worst-case error, refreshes counted) from the pieces of ``runs`` whose gaps ``step``
-    counts (refreshes between two consecutive changes; None splits the run there). A piece's span has
-    only the error of its two end brackets, so long pieces give precise periods."""
-    span_s = err_s = 0.0
-    count = 0
-    for run in runs:
-        first = last = run[0]
-        k = 0
-        for a, b in [*pairwise(run), (run[-1], None)]:
-            m = None if b is None else step(a, b)
-            if m is not None and b is not None:
-                k, last = k + m, b
-                continue
-            if k:
-                span_s, count = span_s + last.at_s - first.at_s, count + k
-                err_s += first.uncertainty_s + last.uncertainty_s
-            first = last = b if b is not None else a
-            k = 0
-    return (span_s / count, err_s / count, count) if count else (math.nan, math.inf, 0)
-
-
-def _one_period(a: Change, b: Change, period_s: float, limit_s: float) -> bool:
-    """Whether consecutive changes ``a`` and ``b`` of one poll are one refresh apart: both brackets hold
-    one refresh (narrower than ``limit_s``), and the gap is one ``period_s`` within them (a refresh
-    that left the value unchanged would make it two)."""
-    narrow = max(a.hi_s - a.lo_s, b.hi_s - b.lo_s) < limit_s
-    slack_s = a.uncertainty_s + b.uncertainty_s + GAP_TOLERANCE * period_s
-    return narrow and abs(b.at_s - a.at_s - period_s) <= slack_s
-
-
-def coarse_period(polled: Iterable[Sequence[Change]]) -> tuple[float, float] | None:
-    """(period, worst-case error) from runs of changes seen in uninterrupted polls; None with fewer than
-    two gaps that can be counted.
-
-    Between two consecutive changes of a poll the reads saw no change but in the second one's
-    bracket; when both brackets are narrower than a period, each holds one refresh and exactly one
-    period lies between them: such gaps count as one period each (the period that decides "narrower"
-    is iterated from the median gap). Where the brackets are wider (polls slower than the period),
-    gaps are whole multiples of the period: the median of the gaps, lowered to the median of the
-    smaller ones while enough of them are clearly shorter (refreshes that left the value unchanged make
-    a few gaps two periods long), is the base, and each gap counts as the nearest multiple of it (one
-    that is no multiple of it splits its run).
-    """
-    runs: list[list[Change]] = [list(run) for run in polled if len(run) >= 2]
-    gaps = [b.at_s - a.at_s for run in runs for a, b in pairwise(run)]
-    if len(gaps) < 2:
-        return None
-    period_s = statistics.median(gaps)
-    for _ in range(6):
-        if not period_s > 0:
-            break
-        limit_s = DENSE_SHARE * period_s
-
-        def one(a: Change, b: Change, limit_s: float = limit_s, period_s: float = period_s) -> int | None:
-            return 1 if _one_period(a, b, period_s, limit_s) else None
-
-        dense_s, dense_err_s, count = _telescope(runs, one)
-        if count < 2:
-            break
-        if abs(dense_s - period_s) <= 1e-9 * period_s or dense_s * DENSE_SHARE >= limit_s:
-            return dense_s, dense_err_s  # every bracket counted is narrower than the period found
-        period_s = dense_s
-    resolved = [
-        b.at_s - a.at_s
-        for run in runs
-        for a, b in pairwise(run)
-        if b.at_s - a.at_s > 2.0 * (a.uncertainty_s + b.uncertainty_s)
-    ]
-    if len(resolved) < 2:
-        return None
-    base = statistics.median(resolved)
-    while True:
-        smaller = [g for g in resolved if g < 0.75 * base]
-        if len(smaller) < max(2, len(resolved) // 4):
-            break
-        base = statistics.median(smaller)
-
-    def multiple(a: Change, b: Change) -> int | None:
-        m = round((b.at_s - a.at_s) / base)
-        fits = abs(b.at_s - a.at_s - m * base) <= GAP_TOLERANCE * base + a.uncertainty_s + b.uncertainty_s
-        return m if m >= 1 and fits else None
-
-    period_s, err_s, count = _telescope(runs, multiple)
-    return (period_s, err_s) if count >= 2 else None
-
-
-@dataclass(frozen=True)
-class PhaseFit:
-    """The refresh grid: refresh ``n`` (0 = the latest seen) lies in ``window(n)``."""
-
-    period_s: float
-    period_err_s: float  # worst-case error of period_s
-    lo_s: float  # refresh 0 lies in (lo_s, hi_s]
-    hi_s: float
-    jitter_s: float  # how far refreshes strayed from the grid beyond their brackets
-    refreshes: int  # brackets in the fit
-    span_s: float  # time between the first and the last of them
-
-    def window(self, n: int) -> tuple[float, float]:
-        """Where refresh ``n`` (relative to the latest seen) lies, widened by the period's error."""
-        widen = abs(n) * self.period_err_s
-        return self.lo_s + n * self.period_s - widen, self.hi_s + n * self.period_s + widen
-
-    def last_before(self, t_s: float) -> int:
-        """The number of the last refresh surely at or before ``t_s``."""
-        # window(n)[1] = hi_s + n * period_s + |n| * period_err_s, increasing in n: solve it per sign of n.
-        slope_s = self.period_s + (self.period_err_s if t_s >= self.hi_s else -self.period_err_s)
-        return math.floor((t_s - self.hi_s) / max(slope_s, 1e-9))
-
-    def width_at(self, t_s: float) -> float:
-        """Width of the window of the refresh nearest ``t_s``."""
-        lo, hi = self.window(round((t_s - (self.lo_s + self.hi_s) / 2.0) / self.period_s))
-        return hi - lo
-
-
-class _Chain:
-    """Brackets with their refresh numbers and a running least-squares line through them."""
-
-    def __init__(self, first: Change) -> None:
-        self.points: list[tuple[Change, int]] = [(first, 0)]
-        self._t0 = first.at_s
-        self._sums = [1.0, 0.0, 0.0, 0.0, 0.0]  # N, Σn, Σn², Σx, Σnx (x: at_s - t0)
-
-    def add(self, change: Change, n: int) -> None:
-        self.points.append((change, n))
-        x = change.at_s - self._t0
-        for i, v in enumerate((1.0, n, n * n, x, n * x)):
-            self._sums[i] += v
-
-    @property
-    def last(self) -> tuple[Change, int]:
-        return self.points[-1]
-
-    def line(self) -> tuple[float, float] | None:
-        """(period, error bound from the end brackets) of the line, or None for a single refresh."""
-        (first, n0), (last, n1) = self.points[0], self.points[-1]
-        if n1 == n0:
-            return None
-        n, sn, snn, sx, snx = self._sums
-        period_s = (n * snx - sn * sx) / (n * snn - sn * sn)
-        return period_s, (first.uncertainty_s + last.uncertainty_s) / (n1 - n0)
-
-    def period_bounds(self, jitter_s: float) -> tuple[float, float] | None:
-        """The periods that every pair of an early and a late bracket allows (widened by ``jitter_s``).
-
-        A refresh in (lo_i, hi_i] and one ``dn`` refreshes later in (lo_j, hi_j] bound the period to
-        [(lo_j - hi_i) / dn, (hi_j - lo_i) / dn]; over many pairs, whose brackets sit at different offsets
-        around their refreshes (the polls are jittered), the bounds close in far tighter than those of
-        the two end brackets alone. Only pairs among the first and last PAIR_EDGE brackets are used (the
-        far ones bound it best; leaving pairs out only widens the bounds). None: empty or no span.
-        """
-        head, tail = self.points[:PAIR_EDGE], self.points[-PAIR_EDGE:]
-        p_lo, p_hi = -math.inf, math.inf
-        for ci, ni in head:
-            for cj, nj in tail:
-                if nj > ni:
-                    p_lo = max(p_lo, (cj.lo_s - ci.hi_s - 2.0 * jitter_s) / (nj - ni))
-                    p_hi = min(p_hi, (cj.hi_s - ci.lo_s + 2.0 * jitter_s) / (nj - ni))
-        return (p_lo, p_hi) if p_lo < p_hi and math.isfinite(p_lo) and math.isfinite(p_hi) else None
-
-    def fit(self, prior: tuple[float, float]) -> PhaseFit:
-        """The grid through the chain. Its period is the middle of what every bound that holds at worst
-        leaves: ``prior`` (period, error), the end brackets' around the least-squares slope, the pairs'
-        (``period_bounds``); its error is half the width of that."""
-        line = self.line()
-        n, sn, snn, sx, snx = self._sums
-        slope_s = (n * snx - sn * sx) / (n * snn - sn * sn) if line is not None else prior[0]
-        last, n_last = self.last
-        # Intercept of the line with this slope through the brackets' mean, then the excess residual.
-        mean_t = statistics.fmean(c.at_s - (k - n_last) * slope_s for c, k in self.points)
-        jitter_s = max(
-            max(0.0, abs(c.at_s - (k - n_last) * slope_s - mean_t) - c.uncertainty_s) for c, k in self.points
-        )
-        bounds = [(prior[0] - prior[1], prior[0] + prior[1])]
-        if line is not None:
-            first, n_first = self.points[0]
-            end_err_s = (first.uncertainty_s + last.uncertainty_s + 2.0 * jitter_s) / (n_last - n_first)
-            bounds.append((slope_s - end_err_s, slope_s + end_err_s))
-        pairs = self.period_bounds(jitter_s)
-        if pairs is not None:
-            bounds.append(pairs)
-        p_lo, p_hi = max(b[0] for b in bounds), min(b[1] for b in bounds)
-        if not p_lo <= p_hi:  # the bounds disagree (refreshes off their grid): keep to the prior
-            p_lo, p_hi = bounds[0]
-        # The middle of what every bound allows: the least worst-case error (a slope through bracket
-        # middles is pulled by where in its bracket each refresh happened to fall).
-        period_s, err_s = (p_lo + p_hi) / 2.0, (p_hi - p_lo) / 2.0
-        lo_s, hi_s = -math.inf, math.inf
-        for c, n in self.points:  # every bracket, carried to the latest refresh
-            shift, widen = (n_last - n) * period_s, (n_last - n) * err_s + jitter_s
-            lo_s, hi_s = max(lo_s, c.lo_s + shift - widen), min(hi_s, c.hi_s + shift + widen)
-        if not lo_s < hi_s:
-            spread = max(c.uncertainty_s for c, _ in self.points) + jitter_s
-            lo_s, hi_s = mean_t - spread, mean_t + spread
-        first, _ = self.points[0]
-        return PhaseFit(period_s, err_s, lo_s, hi_s, jitter_s, len(self.points), last.at_s - first.at_s)
+# A tick read this close before a refresh waits for it (at most NEAR_REFRESH_S): extrapolating the
+# instant power over a whole period is the tick's largest error, waiting a few ms the cheaper cure.
+NEAR_REFRESH_S = 0.01
+NEAR_REFRESH_SHARE = 0.1
 
 
 class CounterTiming:
@@ -367,13 +138,13 @@ class CounterTiming:
             return
         prior = min(candidates, key=lambda p: p[1])
         changes = sorted(self._changes, key=lambda rc: rc[1].at_s)
-        chain = _Chain(changes[0][1])
+        chain = Chain(changes[0][1])
         strikes = 0
         for (before_run, before), (run, change) in pairwise(changes):
             line = chain.line()
             period_s, err_s = line if line is not None and line[1] < prior[1] else prior
             last, n_last = chain.last
-            if last is before and run == before_run and _one_period(last, change, period_s, DENSE_SHARE * period_s):
+            if last is before and run == before_run and one_period(last, change, period_s, DENSE_SHARE * period_s):
                 chain.add(change, n_last + 1)  # the next change of one poll, both brackets narrow: one period
                 strikes = 0
                 continue
@@ -385,12 +156,12 @@ class CounterTiming:
             if m * err_s + slack_s >= UNWRAP_MARGIN * period_s:
                 # Too long a gap to count its refreshes: start again from here, keeping what was learned.
                 prior = (period_s, err_s)
-                chain, strikes = _Chain(change), 0
+                chain, strikes = Chain(change), 0
                 continue
             if abs(gap_s - m * period_s) > slack_s + GAP_TOLERANCE * period_s:
                 strikes += 1
                 if strikes >= 2:  # two in a row: the grid moved (or was wrong); follow the new one
-                    chain, strikes = _Chain(change), 0
+                    chain, strikes = Chain(change), 0
                 continue
             strikes = 0
             chain.add(change, n_last + m)
@@ -478,13 +249,16 @@ class CounterTiming:
         assert fit is not None, "check trusted() first"
         return fit
 
-    def wait_before_read_s(self, start_s: float, end_s: float) -> float:
-        """How long to wait before reading again when a refresh may fall within a read that ran from
-        ``start_s`` to ``end_s`` (then the value could be from before or after it); 0: it cannot."""
+    def wait_before_read_s(self, start_s: float, end_s: float, near: bool = True) -> float:
+        """How long to wait before reading again, for a read that ran from ``start_s`` to ``end_s``: past
+        the next refresh when it may fall within the read (the value could be from either side of it)
+        or (``near``) is due within NEAR_REFRESH_SHARE of a period, at most NEAR_REFRESH_S (a read right
+        after a refresh extrapolates least); 0: read as it is."""
         fit = self._grid()
         lo, hi = fit.window(fit.last_before(start_s) + 1)
+        near_s = min(NEAR_REFRESH_S, NEAR_REFRESH_SHARE * fit.period_s) if near else 0.0
         # A margin past the window: Unix times near 1.7e9 s carry rounding of ~0.2 µs.
-        return max(0.0, hi - end_s) + READ_MARGIN_S if lo < end_s else 0.0
+        return max(0.0, hi - end_s) + READ_MARGIN_S if lo < end_s + near_s else 0.0
 
     def last_refresh_s(self, start_s: float) -> float:
         """The predicted last refresh before a read that began at ``start_s`` (mid-window)."""

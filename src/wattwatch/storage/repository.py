@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, 
 
 from wattwatch import wire
 from wattwatch.accounting.rollup import IntervalIn, JobHostTotals, rollup_intervals
+from wattwatch.limits import REASON_ORDER, BoundError
 from wattwatch.storage.dialect import append_rows, append_token, greatest, least, upsert
 from wattwatch.storage.engine import WRITE_TX
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_agent_id, claim_batch, claim_span_post
@@ -42,6 +43,7 @@ from wattwatch.storage.tables import (
 __all__ = [
     "DEFAULT_LIST_LIMIT",
     "AgentIdTaken",
+    "EndsBeforeStart",
     "IngestResult",
     "KeyReused",
     "MetricsSnapshot",
@@ -77,6 +79,18 @@ class UnknownJob(LookupError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job {job_id!r}; start it first (POST /api/v1/jobs or `wattwatch run`)")
         self.job_id = job_id
+
+
+class EndsBeforeStart(BoundError):
+    """An end before the job's start: refused (a 422 naming ``ended_at_s``), since moving the start back
+    to it would let one client rewrite when another host's job ran."""
+
+    def __init__(self, job_id: str, ended_at_s: float, started_at_s: float) -> None:
+        super().__init__(
+            "ended_at_s",
+            f"{ended_at_s!r} is before job {job_id!r} started ({started_at_s!r}); a job cannot end before it starts",
+            REASON_ORDER,
+        )
 
 
 @contextmanager
@@ -164,9 +178,13 @@ def upsert_job(engine: Engine, host: str, job: wire.Job, *, now_s: float | None 
 
 def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
     """Mark a job ended at ``ended_at_s`` (the latest end any host reported wins, and replaces an end the
-    collector gave a silent agent's job). Raises UnknownJob."""
+    collector gave a silent agent's job). Raises UnknownJob, and EndsBeforeStart (nothing stored) for an
+    end before the job's start."""
     silent = jobs.c.ended_by == ENDED_BY_SILENT_AGENT
     with _write(engine) as conn:
+        started_at_s = conn.execute(select(jobs.c.started_at_s).where(jobs.c.id == job_id)).scalar()
+        if started_at_s is not None and ended_at_s < started_at_s:
+            raise EndsBeforeStart(job_id, ended_at_s, started_at_s)
         result = conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
@@ -176,7 +194,6 @@ def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
                     else_=greatest(conn, jobs.c.ended_at_s, ended_at_s),
                 ),
                 ended_by=case((silent, None), else_=jobs.c.ended_by),
-                started_at_s=least(conn, jobs.c.started_at_s, ended_at_s),
             )
             .returning(jobs.c.id)
         )

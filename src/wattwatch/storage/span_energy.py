@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, Table, and_, bindparam, delete, exists, func, or_, select, text, update
+from sqlalchemy import Connection, Engine, Row, Table, and_, bindparam, delete, exists, func, select, text, update
 
 from wattwatch.accounting.quantiles import EnergySketch
 from wattwatch.accounting.spans import bucket_floor_s, split_job_energy
@@ -172,9 +172,10 @@ def _compute_window(
         for kind, row in sorted(stats.items()):
             out.settled += _settle_kind(conn, job_id, row, ticks, starts[kind], w1, now_s)
         out.windows += 1
-        if _has_data_from(conn, job_id, stats, max_tick_s, w1):
-            mark_dirty(conn, {job_id: w1})
-            return "more" if w1 < horizon_s else "done"
+        next_s = _next_data_s(conn, job_id, stats, max_tick_s, w1)
+        if next_s is not None:
+            mark_dirty(conn, {job_id: next_s})
+            return "more" if next_s < horizon_s else "done"
         return "done"
 
 
@@ -230,23 +231,35 @@ def _in_flight_from_s(conn: Connection, job_id: str, kind: str, max_span_s: floa
     return a_s if earliest is None else min(a_s, float(earliest))
 
 
-def _has_data_from(conn: Connection, job_id: str, stats: Mapping[str, Row[Any]], max_tick_s: float, w1: float) -> bool:
-    """Whether any tick or span reaches ``w1`` or later: what the window could not settle."""
+def _next_data_s(
+    conn: Connection, job_id: str, stats: Mapping[str, Row[Any]], max_tick_s: float, w1: float
+) -> float | None:
+    """Where the next window must start for what ``[.., w1)`` could not settle; None when nothing is left.
+
+    ``w1`` when a tick row or a span crosses it. Otherwise the stretch up to the next tick or span start
+    holds no energy and no span, so the walk jumps over it: the pass costs windows with data in them,
+    never the empty time between a stray early span (a client's 1970) and the job's own ticks.
+    """
     t = job_ticks.c
-    later = [
-        select(t.id).where(t.job_id == job_id, t.t_start_s >= w1 - max_tick_s, or_(t.t_end_s > w1, t.t_start_s >= w1))
-    ]
+    crossing_tick = conn.execute(
+        select(func.min(t.t_start_s)).where(t.job_id == job_id, t.t_start_s >= w1 - max_tick_s, t.t_end_s > w1)
+    ).scalar()
+    if crossing_tick is not None and crossing_tick < w1:
+        return w1
+    starts = [crossing_tick]
     for kind, row in stats.items():
         table = _spans_table(kind)
         c = table.c
-        later.append(
-            select(c.id).where(
-                *_kind_filter(table, job_id, kind),
-                c.t_start_s >= w1 - row.max_span_s,
-                or_(c.t_end_s > w1, c.t_start_s >= w1),
-            )
-        )
-    return any(conn.execute(q.limit(1)).first() is not None for q in later)
+        where = _kind_filter(table, job_id, kind)
+        in_flight = conn.execute(
+            select(c.id).where(*where, c.t_start_s >= w1 - row.max_span_s, c.t_start_s < w1, c.t_end_s > w1).limit(1)
+        ).first()
+        if in_flight is not None:
+            return w1
+        starts.append(conn.execute(select(func.min(c.t_start_s)).where(*where, c.t_start_s >= w1)).scalar())
+    starts.append(conn.execute(select(func.min(t.t_start_s)).where(t.job_id == job_id, t.t_start_s >= w1)).scalar())
+    known = [float(x) for x in starts if x is not None]
+    return min(known) if known else None
 
 
 def _settle_kind(

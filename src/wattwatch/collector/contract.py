@@ -1,0 +1,228 @@
+"""The collector's OpenAPI document: what each route takes and answers, stated so a client can rely on it.
+
+- Request bodies, response bodies and the ``Error`` body are msgspec Structs (``wire``, ``bodies``,
+  ``responses``); their JSON Schemas go into the document's components as msgspec writes them, so a
+  bound added to a Struct (``msgspec.Meta``) is in the document with no second place to edit.
+- Query parameters that are enums or have a format (``kind``, ``since``, ``job``) are the ``Annotated``
+  types below: FastAPI both checks them (422 naming the parameter) and documents them.
+- Every error a route can answer is listed with the JSON ``Error`` schema (``responses``); routes that
+  need a token say so (``security``: an HTTP bearer token); ``/metrics`` is Prometheus text, not JSON.
+- Errors FastAPI/Starlette raise themselves (405 for a method a path lacks, 404 for no such path) answer
+  the same ``Error`` body, and a 405's ``Allow`` lists every method of the path.
+
+tests/test_contract.py validates the document against the OpenAPI 3.1 schema and runs schemathesis
+against the real app on SQLite and PostgreSQL: no server error, every response as documented.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from wattwatch import wire
+from wattwatch.collector.responses import RESPONSE_BODIES
+from wattwatch.units import JobKind
+
+BEARER = "bearerToken"
+# Routes anyone may call, with or without a token (load balancers and orchestrators probe them).
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# What ``units.parse_duration_s`` reads, less what it reads but nobody means (exponents, inf, nan, blanks):
+# a number of seconds, or a number and a unit (s, m, h, d, w). Nine digits of weeks reach 17 million years.
+SINCE_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?[smhdwSMHDW]?$"
+REF = "#/components/schemas/{name}"
+
+
+def _meta(typ: Any) -> msgspec.Meta:
+    """The msgspec.Meta of an ``Annotated`` wire type, so parameters share its bounds."""
+    return next(m for m in typing.get_args(typ)[1:] if isinstance(m, msgspec.Meta))
+
+
+Since = Annotated[
+    str | None,
+    Query(
+        pattern=SINCE_PATTERN,
+        max_length=20,
+        description="how far back: a number and a unit (s, m, h, d, w), e.g. 90s, 15m, 12h, 7d; bare: seconds",
+        examples=["7d"],
+    ),
+]
+Kind = Annotated[JobKind | None, Query(description="only jobs of this kind")]
+_KEY = _meta(wire.Key)
+JobFilter = Annotated[
+    str | None,
+    Query(
+        min_length=_KEY.min_length,
+        max_length=_KEY.max_length,
+        pattern=_KEY.pattern,
+        description="only this job (its id)",
+    ),
+]
+
+JobId = Annotated[
+    str, Path(min_length=_KEY.min_length, max_length=_KEY.max_length, pattern=_KEY.pattern, description="a job's id")
+]
+
+# What a value of a parameter with a pattern looks like, for its 422 (app.py's validation handler).
+_JOB_ID_HINT = "a job id: 1-200 characters of A-Za-z0-9_.:@/-"
+PATTERN_HINTS = {
+    "since": "a duration: a number and a unit (s, m, h, d, w), e.g. 90s, 15m, 12h, 7d; bare: seconds",
+    "job": _JOB_ID_HINT,
+    "job_id": _JOB_ID_HINT,
+}
+
+_DESCRIPTIONS = {
+    401: "No token, or a token unknown or revoked (once any token exists, every route but /healthz and "
+    "/readyz needs one)",
+    403: "The token's role may not do this (a reader writing, an agent reading), or an agent token "
+    "writing for another host",
+    404: "No such job",
+    409: "An idempotency key (agent id and seq, or Idempotency-Key) reused with other content, or an agent "
+    "id that belongs to another host",
+    413: "The body is over the size limit (compressed or not)",
+    415: "A Content-Encoding other than identity or gzip",
+    422: "A body, parameter or header that does not fit; `field` names it",
+    500: "An unexpected error; the collector's log says more",
+    503: "The database is unreachable or not migrated to this collector's revision",
+}
+
+
+def error(status: int) -> dict[str, Any]:
+    """The OpenAPI response object of an error ``status``: its meaning and the JSON ``Error`` body."""
+    response: dict[str, Any] = {
+        "description": _DESCRIPTIONS[status],
+        "content": {"application/json": {"schema": {"$ref": REF.format(name="Error")}}},
+    }
+    if status == 401:
+        response["headers"] = {
+            "WWW-Authenticate": {"description": "always `Bearer`", "required": True, "schema": {"type": "string"}}
+        }
+    return response
+
+
+def responses(ok: str | None, *errors: int, secured: bool = True, ok_description: str = "") -> dict[int | str, Any]:
+    """A route's ``responses=``: 200 with the ``ok`` schema (a ``responses`` Struct's name; None: the
+    route states its own 200), each of ``errors``, 500, and 401/403 when the route needs a token."""
+    out: dict[int | str, Any] = {}
+    if ok is not None:
+        out[200] = {
+            "description": ok_description or "OK",
+            "content": {"application/json": {"schema": {"$ref": REF.format(name=ok)}}},
+        }
+    # Any route can fail unexpectedly (500, JSON like every error).
+    statuses = {*errors, 500, *((401, 403) if secured else ())}
+    for status in sorted(statuses):
+        out[status] = error(status)
+    return out
+
+
+PROMETHEUS_TEXT: dict[int | str, Any] = {
+    200: {
+        "description": "Prometheus text exposition format (what prometheus_client writes)",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
+READINESS: dict[int | str, Any] = {
+    200: {
+        "description": "Ready",
+        "content": {"application/json": {"schema": {"$ref": REF.format(name="Readiness")}}},
+    },
+    503: {
+        "description": "Not ready: the database is unreachable or not migrated; `error` says which",
+        "content": {"application/json": {"schema": {"$ref": REF.format(name="Readiness")}}},
+    },
+}
+
+
+def _job_links() -> dict[str, Any]:
+    # A job a response names can be read, ended and given spans: schemathesis' stateful tests follow these.
+    ops = {
+        "GetJob": "#/paths/~1api~1v1~1jobs~1{job_id}/get",
+        "EndJob": "#/paths/~1api~1v1~1jobs~1{job_id}~1end/post",
+        "AddSpans": "#/paths/~1api~1v1~1jobs~1{job_id}~1queries/post",
+    }
+    return {name: {"operationRef": ref, "parameters": {"job_id": "$response.body#/id"}} for name, ref in ops.items()}
+
+
+# (method, path) of operations answering one job entry: they link to what can be done with that job.
+_ANSWERS_A_JOB = (("post", "/api/v1/jobs"), ("post", "/api/v1/jobs/{job_id}/end"), ("get", "/api/v1/jobs/{job_id}"))
+
+
+def openapi_document(app: FastAPI, bodies: dict[str, type]) -> dict[str, Any]:
+    """The app's OpenAPI document: FastAPI's, plus the msgspec schemas of ``bodies`` (request bodies by
+    name) and of the responses, the bearer scheme on every route but OPEN_PATHS, and links between job
+    operations."""
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    _, components = msgspec.json.schema_components([*bodies.values(), *RESPONSE_BODIES], ref_template=REF)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    # FastAPI's own 422 shape is never sent (app.py reshapes validation errors into Error).
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    schemas.update(components)
+    if "Batch" in schemas:
+        # Batch.version is an int for a clear error on a newer agent; the only version accepted is this one.
+        schemas["Batch"]["properties"]["version"] = {
+            "type": "integer",
+            "enum": [wire.WIRE_VERSION],
+            "default": wire.WIRE_VERSION,
+            "description": "the wire format's version; this collector speaks only this one",
+        }
+    doc["components"]["securitySchemes"] = {
+        BEARER: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "`wattwatch token create --role agent --host H | --role reader | --role admin`. "
+            "Agents write (for their own host), readers read, admins do both. A collector with no token "
+            "at all (and listening on loopback only) is open.",
+        }
+    }
+    for path, item in doc.get("paths", {}).items():
+        for method, op in item.items():
+            op["security"] = [] if path in OPEN_PATHS else [{BEARER: []}]
+            if (method, path) in _ANSWERS_A_JOB:
+                op["responses"]["200"]["links"] = _job_links()
+    return doc
+
+
+def install(app: FastAPI, bodies: dict[str, type]) -> None:
+    """Serve ``openapi_document`` as ``app.openapi()`` (built once) and answer FastAPI's own HTTP errors
+    (no such path, method not allowed) with the ``Error`` body."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_document(app, bodies)
+        return app.openapi_schema
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers or {})
+        message = str(exc.detail)
+        if exc.status_code == 405:
+            headers["Allow"] = _methods_of(app, request.url.path, headers.get("Allow", ""))
+            message = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
+        elif exc.status_code == 404:
+            message = f"no such path {request.url.path!r}; GET /openapi.json lists them"
+        return JSONResponse({"error": message, "field": None}, status_code=exc.status_code, headers=headers)
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def _methods_of(app: FastAPI, path: str, fallback: str) -> str:
+    """The ``Allow`` of ``path``: every method the document states for it (Starlette's own 405 names only the
+    first matching route's methods: POST for /api/v1/jobs, which GET serves too); ``fallback`` for a path
+    the document leaves out."""
+    methods: set[str] = set()
+    for template, item in app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\{[^/]+\\}", "[^/]+", re.escape(template)), path):
+            methods |= {m.upper() for m in item}
+    if not methods:
+        return fallback
+    return ", ".join([*sorted(methods), *(["HEAD"] if "GET" in methods else [])])

@@ -1,0 +1,155 @@
+"""What the collector answers, as msgspec Structs: the OpenAPI document's response schemas (``contract``).
+
+The routes build plain dicts (``storage.reads``); these Structs only describe them, so the document can
+state every field, its type and whether it may be null. tests/test_contract.py holds the two together:
+schemathesis checks every response against these schemas on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from wattwatch.units import DeviceKind, JobKind, Source
+
+Joules = Annotated[float, msgspec.Meta(description="joules")]
+Seconds = Annotated[float, msgspec.Meta(description="seconds")]
+Watts = Annotated[float, msgspec.Meta(description="watts")]
+Epoch_s = Annotated[float, msgspec.Meta(description="Unix time, seconds")]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+# ISO 8601 in UTC with a Z (``units.iso_utc``); msgspec states no format for a datetime, so it is said here.
+Timestamp = Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
+
+
+class Error(msgspec.Struct):
+    """Every 4xx and 5xx body: what went wrong, and the field of the request it is about (a dotted path
+    such as ``intervals[0].energy_j``, a parameter or header name; null when no one field is to blame)."""
+
+    error: str
+    field: str | None
+
+
+class IngestResult(msgspec.Struct):
+    """``POST /api/v1/ingest``: the batch is stored (``duplicate``: it was already, by ``(agent_id, seq)``)."""
+
+    accepted: Literal[True]
+    duplicate: bool
+    intervals: Annotated[Count, msgspec.Meta(description="intervals of the batch stored now (0 for a duplicate)")]
+
+
+class QueriesResult(msgspec.Struct, omit_defaults=True):
+    """``POST /api/v1/jobs/{job_id}/queries``: spans stored now; ``duplicate`` only with an Idempotency-Key."""
+
+    accepted: Count
+    duplicate: bool = False
+
+
+class PerHost(msgspec.Struct):
+    """A job's energy and peak power on one of its hosts."""
+
+    host: str
+    energy_j: Joules
+    peak_power_w: Watts
+
+
+class Phase(msgspec.Struct):
+    """Energy a job's process drew before the job opened (``setup``) or after it ended (``after``)."""
+
+    id: str
+    phase: Literal["setup", "after"]
+    energy_j: Joules
+    started_at_s: Epoch_s
+    ended_at_s: Epoch_s | None
+    duration_s: Seconds
+
+
+class JobEntry(msgspec.Struct):
+    """One job's report entry (DESIGN.md's report JSON plus extras); null where a figure does not apply."""
+
+    id: str
+    name: str
+    kind: JobKind
+    started_at: Timestamp
+    ended_at: Timestamp | None
+    duration_s: Seconds
+    hosts: list[str]
+    devices: Annotated[list[str], msgspec.Meta(description="host/device keys the job drew energy from")]
+    energy_j: Joules
+    gpu_energy_j: Joules
+    cpu_energy_j: Joules
+    dram_energy_j: Joules
+    avg_power_w: Watts | None
+    peak_power_w: Watts
+    queries: Count
+    tokens: Count
+    tokens_in: Count
+    tokens_out: Count
+    query_method: Literal["spans", "counts"] | None
+    queries_settled: Count
+    energy_per_query_j: Joules | None
+    energy_per_query_p50_j: Joules | None
+    energy_per_query_p95_j: Joules | None
+    energy_per_token_j: Joules | None
+    waiting_energy_j: Joules | None
+    steps: Count
+    steps_settled: Count
+    energy_per_step_j: Joules | None
+    energy_per_step_p50_j: Joules | None
+    energy_per_step_p95_j: Joules | None
+    epochs: Count
+    energy_per_epoch_j: Joules | None
+    emissions_g: Annotated[float, msgspec.Meta(description="grams CO2e")]
+    sources: list[Source]
+    labels: dict[str, str]
+    running: bool
+    ended_by: str | None
+    started_at_s: Epoch_s
+    ended_at_s: Epoch_s | None
+    per_host: list[PerHost]
+    source_note: str | None
+    setup_energy_j: Joules | None
+    setup_duration_s: Seconds | None
+    after_energy_j: Joules | None
+    after_duration_s: Seconds | None
+    phases: list[Phase]
+    phase: Literal["setup", "after"] | None
+    phase_of: str | None
+
+
+class JobList(msgspec.Struct):
+    """``GET /api/v1/jobs``: the newest jobs first."""
+
+    jobs: list[JobEntry]
+
+
+class Idle(msgspec.Struct):
+    """Energy of one device that no job held."""
+
+    host: str
+    device: str
+    energy_j: Joules
+    device_kind: DeviceKind
+
+
+class Report(msgspec.Struct):
+    """``GET /api/v1/report``: jobs in start order and idle energy per device."""
+
+    jobs: list[JobEntry]
+    idle: list[Idle]
+
+
+class Health(msgspec.Struct):
+    """``GET /healthz``: the process answers."""
+
+    ok: Literal[True]
+
+
+class Readiness(msgspec.Struct, omit_defaults=True):
+    """``GET /readyz``: whether the database is reachable and migrated; ``error`` says why not."""
+
+    ready: bool
+    error: str | None = None
+
+
+RESPONSE_BODIES: tuple[type, ...] = (Error, IngestResult, QueriesResult, JobEntry, JobList, Report, Health, Readiness)

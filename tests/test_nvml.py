@@ -206,6 +206,26 @@ def test_a_boundary_right_behind_another_is_pinned_from_its_polls(refresh_ms: in
     sensor.close()
 
 
+def test_a_tick_reads_every_gpu_after_the_calibration_polls_so_its_readings_are_of_one_instant() -> None:
+    """Two boards refreshing every 28 and 192 ms both need a calibration poll (their phases were dropped):
+    the 28 ms one is placed long before the other. Both are read after the polls, back to back (before,
+    the 28 ms board was read as its poll ended, long before the other; the agent stamps one sample's
+    readings alike, so that board's power of the 0.3 s between went into the wrong tick)."""
+    clock = FakeClock()
+    fleet = SimulatedFleet(2, seed=3, clock=clock, flaws=Flaws(refresh_period_s=(0.02, 0.2), seed=46))
+    periods = sorted(fleet.refresh_period_s(i) for i in range(2))
+    assert periods == [0.028, 0.192]  # this seed draws one fast board and one slow
+    sensor = NvmlSensor(fleet.module(), clock=clock, sleep=clock.sleep, power_sample_interval_s=None)
+    clock.t_s += 1.0
+    for dev in sensor._devices.values():
+        dev.timing.drop_phase("test")
+    before_s = clock.t_s
+    stamps = [r.t_s for r in sensor.read()]
+    assert clock.t_s - before_s > 0.15  # the slow board's poll took a while
+    assert max(stamps) - min(stamps) < 0.002, stamps
+    sensor.close()
+
+
 def test_read_at_never_goes_below_a_previous_reading() -> None:
     fleet, clock, sensor = rig()
     fleet.set_activity(0, "training", T0)

@@ -30,10 +30,6 @@ SharesFn = Callable[[DeviceInfo, float, float], tuple[dict[str, float], float]]
 # second or so; this covers ticks of 0.05 s).
 MARK_HISTORY = 64
 
-# Readings of one sample taken within this long of its latest share that one stamp (s): then a job's devices
-# add up tick by tick; moving a reading that much moves at most ~1 J of a 700 W board across a tick.
-SAME_STAMP_S = 0.001
-
 # Upper bounds of the sample-duration histogram (s): a tick read takes well under a millisecond per
 # device, a boundary read waits for the NVML counter's next update (up to about 0.25 s).
 SAMPLE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -138,21 +134,26 @@ class Sampler:
                 failed.append(sensor.name)
                 log.exception("sensor %s failed to read; its devices get no interval this time", sensor.name)
         self.stats.observe(time.perf_counter() - started_s, failed)
-        # One stamp for the readings taken together, so the collector adds a job's devices up tick by tick.
-        # A reading taken earlier keeps its own time: a sensor may wait for one GPU's counter to refresh
-        # before reading the next (tens of ms on a slow-refreshing board), and stamping the earlier reading
-        # that much later would move that much of its power across the tick.
+        # One stamp per sample: identical interval bounds let the collector add a job's devices up tick by
+        # tick (peak power over all its GPUs).
         stamp_s = max((r.t_s for r in readings), default=0.0)
         intervals: list[wire.Interval] = []
         for reading in readings:
             last = self._last.get(reading.device)
-            own_s = stamp_s if stamp_s - reading.t_s <= SAME_STAMP_S else reading.t_s
-            t_s = max(own_s, last.t_s if last else own_s)
+            t_s = max(stamp_s, last.t_s if last else stamp_s)
             energy_j = reading.energy_j
+            if last is not None and last.t_s < reading.t_s < t_s:
+                # Read before the stamp (the NVML sensor may wait a few ms for one board's counter to refresh
+                # before reading the next; a slow sensor after it): carried to the stamp at the power of the
+                # interval it closes, else that much of its power would move across the tick.
+                power_w = max(0.0, energy_j - last.energy_j) / (reading.t_s - last.t_s)
+                energy_j += power_w * (t_s - reading.t_s)
             self.last_t_s = max(self.last_t_s, t_s)
             if last is None:
-                self._last[reading.device] = _Last(t_s, energy_j)
-                self._remember(reading, t_s, energy_j)
+                # A device's first reading starts its intervals at its own time: there is no power to carry
+                # it to the stamp with yet.
+                self._last[reading.device] = _Last(reading.t_s, energy_j)
+                self._remember(reading, reading.t_s, energy_j)
                 continue
             # Sensors promise monotonic energy; clamp anyway so one bad read can't make energy negative.
             energy_j = max(energy_j, last.energy_j)

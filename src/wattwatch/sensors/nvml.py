@@ -279,18 +279,23 @@ class NvmlSensor:
 
             now_s = self._clock()
             counters = [d for d in self._live() if d.has_counter]
-            # A GPU due for a calibration poll is read the moment its poll sees a refresh. Full ones are
-            # rare (nothing learned, or not trusted for PHASE_MAX_AGE_S); short ones wait at most
-            # SHORT_POLL_MAX_S, for a refresh that is due anyway, to keep the phase narrow.
-            self._poller.calibrate([d for d in counters if d.timing.wants_calibration(now_s)], tick)
-            due = {d.key: d.timing.refresh_due_s(now_s) for d in counters if d.key not in out}
+            # GPUs due for a calibration poll are polled first. Full ones are rare (nothing learned, or not
+            # trusted for PHASE_MAX_AGE_S); short ones wait at most SHORT_POLL_MAX_S, for a refresh that is
+            # due anyway, to keep the phase narrow.
+            calibrated: set[str] = set()
+            self._poller.calibrate(
+                [d for d in counters if d.timing.wants_calibration(now_s)], lambda dev: calibrated.add(dev.key)
+            )
+            due = {d.key: d.timing.refresh_due_s(now_s) for d in counters if d.key not in calibrated}
             short = [d for d in counters if (wait_s := due.get(d.key)) is not None and wait_s <= SHORT_POLL_MAX_S]
             if short:
                 limit_s = max(due[d.key] or 0.0 for d in short) + 2 * self.poll_interval_s
-                self._poller.calibrate(short, tick, limit_s=limit_s)
+                self._poller.calibrate(short, limit_s=limit_s)
+            # Then every GPU is read, back to back, so the readings are of one instant: the agent stamps a
+            # sample's readings alike, and a GPU read as its poll ended, up to a poll's length (~0.2 s)
+            # before the others, would have that much of its power moved across the tick.
             for dev in self._live():
-                if dev.key not in out:
-                    tick(dev)
+                tick(dev)
             return [out[d.key] for d in self._live() if d.key in out]
 
     def read_at(self, t_s: float) -> list[EnergyReading]:

@@ -8,20 +8,31 @@ the GPU is a matrix-multiply load (torch if importable, else cupy, else no load)
    under load): the counter's update period, and whether instant power is live between counter
    updates or held (part-time sampling);
 3. nvmlDeviceGetPowerUsage vs POWER_INSTANT through the step from idle to load;
-4. a steady load (20 s) and a bursty one (10 s, 50 ms on / 50 ms off) each measured at once by
+4. how long NVML calls take (counter, POWER_INSTANT, PowerUsage, process list; 200 of each);
+5. what wattwatch's NvmlSensor learned about the same GPU in the same run (refresh period and phase,
+   live or held instant power, per-process sample period, call latency; ``NvmlSensor.timing()``, as
+   ``wattwatch doctor`` prints it), beside the raw figures of 2-4: a markdown table for the README;
+6. a steady load (20 s) and a bursty one (10 s, 50 ms on / 50 ms off) each measured at once by
    wattwatch's NvmlSensor boundary reads, POWER_INSTANT at 10 Hz (trapezoid), POWER_INSTANT at
    ~100 Hz jittered (wattwatch's power-only path), and nvmlDeviceGetPowerUsage at 1 Hz x 1 s.
 
+The power averaging window of nvmlDeviceGetPowerUsage is fitted to its step response: the window W
+whose mean power from the energy counter, read at the same instants, matches PowerUsage best.
+
 Everything also goes to ``$OUT/gpu_check.json`` when ``OUT`` is set. Needs only nvidia-ml-py (and
 torch or cupy for the load) with ``PYTHONPATH=src``. ``--simulate`` runs the same code against a
-simulated board on a fake clock (the load becomes simulated activity, and the exact energy is known).
+simulated board on a fake clock (the load becomes simulated activity, and the exact energy is known),
+with the simulator's hardware flaws when ``--sim-flaws SPEC`` is given (``wattwatch.sim.flaws``).
 
-    PYTHONPATH=src python benchmarks/gpu_check.py [--index 0] [--simulate [--generation h100]]
+    PYTHONPATH=src python benchmarks/gpu_check.py [--index 0] [--simulate [--generation h100] [--sim-flaws SPEC]]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -34,6 +45,10 @@ from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mdtable import command, table
 
 from wattwatch.sensors.nvml import POWER_SAMPLE_INTERVAL_S, NvmlSensor, jittered_interval_s
 from wattwatch.sim.clock import FakeClock
@@ -245,35 +260,44 @@ class SimulatedLoad(Load):
 
     def __init__(self, fleet: Any, clock: Callable[[], float]) -> None:
         self.fleet, self.clock = fleet, clock
+        self.pid = os.getpid()  # this process is the one on the GPU, as with a real load
 
     def prepare(self) -> str:
         """Nothing to prepare."""
         return "load: simulated (training activity; square wave for bursts)"
 
     def start(self, burst_s: float | None = None) -> None:
-        """Switch the simulated board to load now."""
+        """Switch the simulated board to load now, this process on it at 90 % SM utilisation."""
+        now_s = self.clock()
         if burst_s is None:
-            self.fleet.set_activity(0, "training", self.clock())
+            self.fleet.set_activity(0, "training", now_s, self.pid)
         else:
-            self.fleet.set_square_wave(0, self.clock(), 2 * burst_s, 100.0, 650.0)
+            self.fleet.set_square_wave(0, now_s, 2 * burst_s, 100.0, 650.0, self.pid)
+        self.fleet.set_process_utilization(0, self.pid, 90.0, now_s)
 
     def stop(self) -> None:
         """Back to idle now."""
-        self.fleet.set_activity(0, "idle", self.clock())
+        now_s = self.clock()
+        self.fleet.set_activity(0, "idle", now_s, self.pid)
+        self.fleet.set_process_utilization(0, self.pid, 0.0, now_s)
 
 
 # -- measurements under load -------------------------------------------------------------------------
 
 
 def step_response(nv: Any, handle: Any, sched: Scheduler, load: Load, burst_s: float | None = None) -> dict[str, Any]:
-    """PowerUsage and POWER_INSTANT every 10 ms from 0.5 s before the load starts to 2.5 s after."""
+    """PowerUsage and POWER_INSTANT (and the energy counter) every 10 ms from 0.5 s before the load starts
+    to 2.5 s after: how fast each follows the step, and the PowerUsage averaging window that fits best."""
     series: dict[str, list[Sample]] = {"instant": [], "power_usage": []}
+    counter: list[Sample] = []
 
     def sample(now_s: float) -> None:
         value = instant_w(nv, handle)
         if value is not None:
             series["instant"].append((now_s, value))
         series["power_usage"].append((now_s, nv.nvmlDeviceGetPowerUsage(handle) / 1000.0))
+        with contextlib.suppress(Exception):  # no counter (pre-Volta): no window fit
+            counter.append((now_s, nv.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0))
 
     t0 = sched.clock()
     sched.at([t0 + 0.01 * k for k in range(300)], sample)
@@ -288,9 +312,103 @@ def step_response(nv: Any, handle: Any, sched: Scheduler, load: Load, burst_s: f
         if not before or not after:
             continue
         low, high = statistics.mean(before), statistics.mean(after)
-        reach = next((t - start_s for t, v in samples if t >= start_s and v >= low + 0.9 * (high - low)), None)
-        out[name] = {"before_w": low, "after_w": high, "t90_s": reach, "samples": len(samples)}
+
+        def reach(
+            fraction: float, samples: list[Sample] = samples, low: float = low, high: float = high
+        ) -> float | None:
+            level = low + fraction * (high - low)
+            return next((t - start_s for t, v in samples if t >= start_s and v >= level), None)
+
+        t10, t90 = reach(0.1), reach(0.9)
+        out[name] = {"before_w": low, "after_w": high, "t10_s": t10, "t90_s": t90, "samples": len(samples)}
+        if name == "power_usage" and high - low > 20.0 and len(counter) == len(samples):
+            out[name]["window_s"] = fit_window(samples, counter, low)
     return out
+
+
+def fit_window(usage: list[Sample], counter_j: list[Sample], before_w: float) -> float:
+    """The averaging window W (10 ms to 2 s) for which the energy counter's mean power over the last W,
+    read when PowerUsage was read, best matches PowerUsage (least squares); before the first reading the
+    board drew ``before_w`` (it had settled)."""
+    times = [t for t, _ in counter_j]
+    first_s, first_j = counter_j[0]
+
+    def energy_at(t_s: float) -> float:
+        if t_s <= first_s:
+            return first_j - before_w * (first_s - t_s)
+        k = min(bisect.bisect_left(times, t_s), len(times) - 1)
+        (ta, ea), (tb, eb) = counter_j[k - 1], counter_j[k]
+        return ea + (eb - ea) * (t_s - ta) / (tb - ta) if tb > ta else eb
+
+    def misfit(window_s: float) -> float:
+        return sum((p - (energy_at(t) - energy_at(t - window_s)) / window_s) ** 2 for t, p in usage if t <= times[-1])
+
+    return min((0.01 * k for k in range(1, 201)), key=misfit)
+
+
+def call_latency(nv: Any, handle: Any, clock: Callable[[], float], calls: int = 200) -> dict[str, Any]:
+    """How long each NVML read takes (``calls`` of each, back to back): median, p95, max in seconds."""
+    readers: dict[str, Callable[[], Any]] = {
+        "counter": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(handle),
+        "instant": lambda: instant_w(nv, handle),
+        "power_usage": lambda: nv.nvmlDeviceGetPowerUsage(handle),
+        "process_list": lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle),
+    }
+    out: dict[str, Any] = {}
+    for name, read in readers.items():
+        took: list[float] = []
+        try:
+            for _ in range(calls):
+                began = clock()
+                read()
+                took.append(clock() - began)
+        except Exception as exc:  # an unsupported call is a finding, not a crash
+            out[name] = f"error: {exc}"
+            continue
+        took.sort()
+        out[name] = {
+            "median_s": statistics.median(took),
+            "p95_s": took[min(len(took) - 1, int(0.95 * len(took)))],
+            "max_s": took[-1],
+            "calls": len(took),
+        }
+    return out
+
+
+def process_sample_gaps(nv: Any, handle: Any, clock: Callable[[], float]) -> dict[str, Any]:
+    """The timestamps NVML put on the last seconds of per-process utilisation samples: their gaps."""
+    try:
+        samples = nv.nvmlDeviceGetProcessUtilization(handle, int((clock() - 5.0) * 1e6))
+    except Exception as exc:  # NotFound (no busy process), NotSupported (vGPU, MIG): a finding
+        return {"error": str(exc)}
+    stamps = sorted({int(s.timeStamp) for s in samples})
+    gaps = [(b - a) / 1e6 for a, b in pairwise(stamps)]
+    return {
+        "samples": len(samples),
+        "stamps": len(stamps),
+        "min_gap_s": min(gaps) if gaps else None,
+        "median_gap_s": statistics.median(gaps) if gaps else None,
+    }
+
+
+def learned_timing(nv: Any, index: int, sched: Scheduler, seconds: float = 3.0) -> dict[str, Any]:
+    """What wattwatch's NvmlSensor learns about GPU ``index`` (the load running): its start-up
+    calibration, then a boundary read and a tick read every 0.3 s and the process samples of the last
+    ``seconds``, as the agent would do; ``NvmlSensor.timing()`` after that, with its figures in SI units."""
+    sensor = NvmlSensor(nv, visible=str(index), clock=sched.clock, sleep=sched.sleep, power_sample_interval_s=None)
+    key = f"gpu{index}"
+    try:
+        began_s = sched.clock()
+        while sched.clock() < began_s + seconds:
+            sensor.read_at(sched.clock())
+            sched.sleep(0.15)
+            sensor.read()
+            sched.sleep(0.15)
+        sensor.process_utilization(key, began_s, sched.clock() - 0.5)
+        timing = sensor.timing()[key]
+    finally:
+        sensor.close()
+    return dataclasses.asdict(timing)
 
 
 def compare_methods(
@@ -375,6 +493,12 @@ def run_check(
         sched.sleep(2.0)  # let the board settle after the load's warm-up
         report["step_idle_to_load"] = step_response(nv, handle, sched, load)
         report["update_periods_under_load"] = observe_updates(nv, handle, clock, sleep, 3.0)
+        report["call_latency"] = call_latency(nv, handle, clock)
+        report["process_samples"] = process_sample_gaps(nv, handle, clock)
+        try:
+            report["learned_timing"] = learned_timing(nv, index, sched)
+        except Exception as exc:  # the sensor refusing this GPU is a finding to print
+            report["learned_timing"] = f"error: {exc}"
         if report["device"]["energy_counter"]:
             report["steady_load"] = compare_methods(nv, index, sched, steady_s, truth)
             load.stop()
@@ -433,6 +557,100 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def timing_rows(report: dict[str, Any]) -> list[list[str]]:
+    """Each timing as gpu_check measured it raw, beside what wattwatch's NvmlSensor learned."""
+    upd, step = report["update_periods_under_load"], report["step_idle_to_load"]
+    learned = report.get("learned_timing")
+    sensor: dict[str, Any] = learned if isinstance(learned, dict) else {}
+    why = learned if isinstance(learned, str) else ""
+
+    def sensor_cell(text: str) -> str:
+        return text if sensor else why or "-"
+
+    counter = upd["counter"]
+    raw_period = (
+        f"{_ms3(counter['median_gap_s'])} (median gap of {counter['changes']} changes, polled every "
+        f"{upd['poll_interval_s'] * 1e3:.2f} ms)"
+        if counter["median_gap_s"] is not None
+        else f"no change seen in {upd['seconds']:.0f} s"
+    )
+    if sensor.get("refresh_period_s") is not None:
+        err = sensor["refresh_period_err_s"]
+        learned_period = f"{_ms3(sensor['refresh_period_s'])}" + (f" ± {_ms3(err)}" if err is not None else "")
+        learned_period += f" (from {sensor['refreshes_seen']} refreshes)"
+    else:
+        learned_period = f"not learned: {sensor.get('refresh_why_not') or '-'}"
+    if "instant_changes_at_counter_updates" in upd:
+        near = upd["instant_changes_at_counter_updates"]
+        raw_instant = (
+            f"{'held' if near > 0.9 else 'live'}: {upd['instant_changes_per_counter_update']:.1f} changes per "
+            f"counter refresh, {near:.0%} of them within 3 ms of one"
+        )
+    else:
+        raw_instant = "not supported" if not report["device"]["power_instant"] else "no change seen"
+    usage = step.get("power_usage", {})
+    rise = (
+        f"10-90 % rise {usage['t90_s'] - usage['t10_s']:.2f} s"
+        if usage.get("t10_s") is not None and usage.get("t90_s") is not None
+        else "no step seen"
+    )
+    raw_window = (
+        f"{usage['window_s']:.2f} s (best fit to the counter's mean power; {rise})"
+        if "window_s" in usage
+        else f"not fitted ({rise}; a fit needs the energy counter)"
+    )
+    procs = report["process_samples"]
+    raw_procs = (
+        f"{_ms3(procs['min_gap_s'])} (smallest gap of {procs['stamps']} sample stamps)"
+        if procs.get("min_gap_s") is not None
+        else f"no samples ({procs.get('error', 'no busy process')})"
+    )
+    if sensor.get("process_sample_period_s") is not None:
+        learned_procs = f"{_ms3(sensor['process_sample_period_s'])} (from {sensor['process_stamps_seen']} stamps)"
+    else:
+        learned_procs = "not learned"
+    lat = report["call_latency"]
+    raw_latency = "; ".join(
+        f"{name} {_ms3(v['median_s'])} (p95 {_ms3(v['p95_s'])})" if isinstance(v, dict) else f"{name}: {v}"
+        for name, v in lat.items()
+    )
+    if sensor.get("call_latency_s"):
+        median_s, p95_s, calls = sensor["call_latency_s"]
+        learned_latency = f"{_ms3(median_s)} (p95 {_ms3(p95_s)}, {calls} counter and power reads)"
+    else:
+        learned_latency = "not measured"
+    return [
+        ["counter refresh period", raw_period, sensor_cell(learned_period)],
+        ["POWER_INSTANT", raw_instant, sensor_cell(str(sensor.get("instant_power")))],
+        [
+            "PowerUsage averaging window",
+            raw_window,
+            "not used (energy comes from the counter)" if sensor.get("energy_counter") else "-",
+        ],
+        ["per-process sample period", raw_procs, sensor_cell(learned_procs)],
+        ["NVML call latency: median (p95)", raw_latency, sensor_cell(learned_latency)],
+    ]
+
+
+def timing_table(report: dict[str, Any], argv: list[str]) -> str:
+    """The command, a caption and the raw-vs-learned timings as markdown (for the README)."""
+    dev = report["device"]
+    where = "a simulated board" if report.get("simulated") else "a real GPU"
+    lines = [
+        command("gpu_check.py", argv),
+        "",
+        f"**NVML timings of {dev['model']}** (driver {dev['driver']}; {where}), as gpu_check measures them raw "
+        "and as wattwatch's NvmlSensor learned them in the same run:",
+        "",
+        table(["timing", "raw (gpu_check)", "learned by NvmlSensor"], timing_rows(report), right=[False] * 3),
+    ]
+    return "\n".join(lines)
+
+
+def _ms3(value: float) -> str:
+    return f"{value * 1e3:.3f} ms"
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.1f} ms"
 
@@ -450,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0, help="NVML index of the GPU to check")
     parser.add_argument("--simulate", action="store_true", help="a simulated board on a fake clock, no real GPU")
     parser.add_argument("--generation", default="h100", help="simulated board preset (with --simulate)")
+    parser.add_argument(
+        "--sim-flaws", default="", help="the simulator's hardware flaws (with --simulate), e.g. realistic,refresh_ms=20"
+    )
     parser.add_argument("--steady-s", type=float, default=20.0, help="length of the steady-load window")
     parser.add_argument("--bursty-s", type=float, default=10.0, help="length of the bursty-load window")
     parser.add_argument("--json", type=Path, help="where to write the JSON (default: $OUT/gpu_check.json)")
@@ -460,7 +681,13 @@ def main(argv: list[str] | None = None) -> int:
         from wattwatch.sim.fleet import SimulatedFleet
 
         fake = FakeClock(1_700_000_000.0)
-        fleet = SimulatedFleet(1, clock=fake, generation=args.generation)
+        from wattwatch.sim.flaws import parse_flaws
+
+        try:
+            flaws = parse_flaws(args.sim_flaws)
+        except ValueError as exc:
+            parser.error(f"--sim-flaws: {exc}")
+        fleet = SimulatedFleet(1, clock=fake, generation=args.generation, flaws=flaws)
         nv: Any = fleet.module()
         clock, sleep, index = fake, fake.sleep, 0
         load: Load = SimulatedLoad(fleet, fake)
@@ -484,8 +711,11 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     report = run_check(nv, index, clock, sleep, load, steady_s=args.steady_s, bursty_s=args.bursty_s, truth=exact)
     report["simulated"] = args.simulate
+    report["sim_flaws"] = args.sim_flaws if args.simulate else None
     report["wall_s"] = time.perf_counter() - began
     print(summary(report))
+    print()
+    print(timing_table(report, sys.argv[1:] if argv is None else list(argv)))
     target = args.json or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else None)
     if target is not None:
         target.write_text(json.dumps(report, indent=2, default=str))

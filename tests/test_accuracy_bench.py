@@ -59,7 +59,9 @@ def test_rapl_double_wrap_is_measured_only_when_read_often_enough(report: accura
     assert "## acceptance" in text and "FAIL" not in text
 
 
-def test_gpu_check_runs_its_measurements_on_a_simulated_board(tmp_path: Path) -> None:
+def test_gpu_check_runs_its_measurements_on_a_simulated_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import gpu_check
 
     out = tmp_path / "gpu_check.json"
@@ -71,12 +73,53 @@ def test_gpu_check_runs_its_measurements_on_a_simulated_board(tmp_path: Path) ->
     upd = report["update_periods_under_load"]
     assert upd["counter"]["median_gap_s"] == pytest.approx(0.1, abs=0.002)
     assert upd["instant_changes_at_counter_updates"] < 0.3  # live instant power
-    assert report["step_idle_to_load"]["power_usage"]["t90_s"] > 0.5  # the 1 s average lags the step
+    usage = report["step_idle_to_load"]["power_usage"]
+    assert usage["t90_s"] > 0.5  # the 1 s average lags the step
+    assert usage["window_s"] == pytest.approx(1.0, abs=0.05)  # the H100 preset's averaging window
+    learned = report["learned_timing"]
+    assert learned["refresh_period_s"] == pytest.approx(0.1, rel=1e-3) and learned["instant_power"] == "live"
+    assert learned["process_sample_period_s"] == pytest.approx(1 / 6, rel=1e-3)  # this process's samples
+    assert report["process_samples"]["min_gap_s"] == pytest.approx(1 / 6, rel=1e-3)
+    printed = capsys.readouterr().out
+    assert "`python benchmarks/gpu_check.py --simulate --steady-s 5 --bursty-s 3 --json" in printed
+    assert "| counter refresh period" in printed and "| PowerUsage averaging window" in printed
     for section in ("steady_load", "bursty_load_50ms"):
         errors = report[section]["vs_reference"]
         assert abs(errors["wattwatch NvmlSensor (counter, boundary reads)"]) < 0.005, section
     # In step with the 100 ms refresh, 50 ms bursts fool the 10 Hz sampler but not the counter.
     assert abs(report["bursty_load_50ms"]["vs_reference"]["POWER_INSTANT 10 Hz trapezoid"]) > 0.05
+
+
+def test_gpu_check_prints_raw_timings_beside_what_the_sensor_learned_on_a_flawed_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A simulated board refreshing every 20 ms with slow NVML calls (0.5 ms + 0.2 ms tail): the raw
+    polling and the sensor find the same period, and both time the calls at 0.5 ms or more."""
+    import gpu_check
+
+    out = tmp_path / "gpu_check.json"
+    flaws = "refresh_ms=20,latency_ms=0.5,jitter_ms=0.2,noise_w=5"
+    args = ["--simulate", "--sim-flaws", flaws, "--steady-s", "2", "--bursty-s", "2", "--json", str(out)]
+    assert gpu_check.main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["sim_flaws"] == flaws
+    assert report["update_periods_under_load"]["counter"]["median_gap_s"] == pytest.approx(0.02, abs=0.003)
+    learned = report["learned_timing"]
+    assert learned["refresh_period_s"] == pytest.approx(0.02, rel=1e-3)
+    raw_median_s = report["call_latency"]["counter"]["median_s"]
+    assert 0.0005 <= raw_median_s <= 0.0009
+    median_s, _p95_s, calls = learned["call_latency_s"]
+    assert median_s == pytest.approx(raw_median_s, rel=0.25) and calls > 100
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["counter refresh period"][2].startswith("20.0")  # learned, beside the raw figure
+    assert rows["NVML call latency: median (p95)"][1].startswith("counter 0.")
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check.main(["--simulate", "--sim-flaws", "gremlins"])
+    assert exit_info.value.code == 2
 
 
 def test_gpu_check_sees_part_time_sampling(tmp_path: Path) -> None:
@@ -85,8 +128,9 @@ def test_gpu_check_sees_part_time_sampling(tmp_path: Path) -> None:
     out = tmp_path / "gpu_check.json"
     args = ["--simulate", "--generation", "h100-parttime", "--steady-s", "2", "--bursty-s", "2", "--json", str(out)]
     assert gpu_check.main(args) == 0
-    upd = json.loads(out.read_text())["update_periods_under_load"]
-    assert upd["instant_changes_at_counter_updates"] > 0.9  # held between counter updates
+    report = json.loads(out.read_text())
+    assert report["update_periods_under_load"]["instant_changes_at_counter_updates"] > 0.9  # held between updates
+    assert report["learned_timing"]["instant_power"] == "held"
 
 
 def test_gpu_check_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,6 +21,8 @@ import pytest
 from test_agent import LinearSensor, wait_for
 from test_restart import BRIDGED, POWER_W, batches, crash, make_agent, start_job, write_boot_id, write_proc
 from wattwatch import wire
+from wattwatch.agent.outbox import Outbox
+from wattwatch.agent.requests import Refusals
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
@@ -193,6 +195,28 @@ def test_a_crash_loses_no_staged_tick(tmp_path: Path) -> None:
         assert len(recovered) == 1 and staged_parts(home) == {}
     finally:
         second.stop(flush_timeout_s=0.2)
+
+
+def test_a_part_staged_before_a_crash_with_a_bad_record_loses_only_that_record(tmp_path: Path) -> None:
+    now = time.time()
+    spool = Spool(tmp_path / "spool.db")
+    devices = [wire.Device(key="gpu0", kind="gpu")]
+    first = Outbox(spool, "a1", "h1", lambda: devices, time.time)
+    good = [wire.Interval("gpu0", now - 3 + i, now - 2 + i, 300.0, "counter") for i in range(3)]
+    glitch = wire.Interval("gpu0", now - 1, now, 1.7e308, "counter")  # a counter glitch's absurd energy
+    first.add(intervals=[good[0], glitch])
+    seq = first.stage()
+    first.add(intervals=good[1:], counts=[wire.QueryCount("chat", now - 5, now, queries=7)])
+    assert first.stage() == seq and spool.pending() == 0
+    # kill -9: the next agent's outbox finds the parts
+    refusals = Refusals()
+    second = Outbox(spool, "a1", "h1", lambda: devices, time.time, refused=refusals.add)
+    assert second.recover() == [seq]
+    sealed = [wire.decode_batch(body) for _, body in spool.peek()]
+    assert [b.seq for b in sealed] == [seq] and spool.staged() == {}
+    assert sealed[0].intervals == good and [c.queries for c in sealed[0].query_counts] == [7]
+    assert refusals.counts() == {"out_of_range": 1}
+    spool.close()
 
 
 def test_a_push_interval_that_is_not_a_positive_number_is_refused(tmp_path: Path) -> None:

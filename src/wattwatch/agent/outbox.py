@@ -19,6 +19,9 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgspec
 
 from wattwatch import wire
 from wattwatch.agent.restore import Checkpoint, DeviceMark, JobMark
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 _RECORD = re.compile(r"^(intervals|jobs|queries|query_counts)\[(\d+)\]")
 # A batch with more bad records than this goes as it is (the collector's refusal names the first).
 MAX_LEFT_OUT = 1000
+_LISTS = ("intervals", "jobs", "queries", "query_counts")
 
 
 class Outbox:
@@ -112,8 +116,9 @@ class Outbox:
             if seq is None:
                 return None
             staged, self._staged, self._draft_seq = self._staged, _Records(), None
-            batch = self._batch(seq, staged)
-            self.spool.seal_staged(seq, wire.encode(batch), created_s=self._draft_created_s)
+            # Checked once, as a whole, here (not tick by tick: decoding is most of a stage's cost).
+            body = self._fitted(self._batch(seq, staged))
+            self.spool.seal_staged(seq, body, created_s=self._draft_created_s)
             return seq
 
     def recover(self) -> list[int]:
@@ -122,29 +127,23 @@ class Outbox:
         sealed: list[int] = []
         with self._seal_lock:
             for seq, parts in self.spool.staged().items():
-                records, created_s = _Records(), 0.0
-                devices: dict[str, wire.Device] = {}
+                # Parts are read as plain JSON: a record outside the bounds is left out by _fitted, alone.
+                merged: dict[str, Any] = {name: [] for name in _LISTS}
+                devices: dict[str, Any] = {}
+                created_s = 0.0
                 for body in parts:
                     try:
-                        part = wire.decode_batch(body)
-                    except BoundError as exc:  # staged parts were checked when staged: a damaged file
-                        log.warning("batch %d: left out a staged part that no longer decodes: %s", seq, exc)
-                        continue
-                    records.extend(part.intervals, part.jobs, part.queries, part.query_counts)
-                    devices.update((d.key, d) for d in part.devices)
-                    created_s = created_s or part.sent_at_s
-                batch = wire.Batch(
-                    agent_id=self.agent_id,
-                    seq=seq,
-                    host=self.host,
-                    sent_at_s=self._clock(),
-                    devices=list(devices.values()),
-                    intervals=records.intervals,
-                    jobs=records.jobs,
-                    queries=records.queries,
-                    query_counts=records.counts,
-                )
-                self.spool.seal_staged(seq, self._fitted(batch), created_s=created_s or batch.sent_at_s)
+                        part = msgspec.json.decode(body)
+                        for name in _LISTS:
+                            merged[name].extend(part.get(name) or [])
+                        devices.update((d["key"], d) for d in part.get("devices") or [])
+                        created_s = created_s or float(part.get("sent_at_s") or 0.0)
+                    except (msgspec.DecodeError, AttributeError, TypeError, KeyError, ValueError) as exc:
+                        log.warning("batch %d: left out a staged part that does not read (%s)", seq, exc)
+                now_s = self._clock()
+                batch = {"agent_id": self.agent_id, "seq": seq, "host": self.host, "sent_at_s": now_s, **merged}
+                batch["devices"] = list(devices.values())
+                self.spool.seal_staged(seq, self._fitted(batch), created_s=created_s or now_s)
                 log.info("batch %d: sealed from %d part(s) staged before the agent stopped", seq, len(parts))
                 sealed.append(seq)
         return sealed
@@ -161,11 +160,13 @@ class Outbox:
         if self._draft_seq is None:
             self._draft_seq, self._draft_created_s = self.spool.next_seq(), self._clock()
         part = self._batch(self._draft_seq, added)
-        body = self._fitted(part)  # leaves out (of ``part``'s lists) what the collector would refuse
         self.spool.stage(
-            self._draft_seq, body, created_s=part.sent_at_s, checkpoint=checkpoint.to_json() if checkpoint else None
+            self._draft_seq,
+            wire.encode(part),
+            created_s=part.sent_at_s,
+            checkpoint=checkpoint.to_json() if checkpoint else None,
         )
-        self._staged.extend(part.intervals, part.jobs, part.queries, part.query_counts)
+        self._staged.extend(added.intervals, added.jobs, added.queries, added.counts)
         return self._draft_seq
 
     def _batch(self, seq: int, records: _Records) -> wire.Batch:
@@ -181,8 +182,9 @@ class Outbox:
             query_counts=records.counts,
         )
 
-    def _fitted(self, batch: wire.Batch) -> bytes:
-        """The batch encoded, less each record the collector's decoding would refuse (logged and counted)."""
+    def _fitted(self, batch: wire.Batch | dict[str, Any]) -> bytes:
+        """The batch (a wire.Batch, or its plain JSON form) encoded, less each record the collector's
+        decoding would refuse (logged and counted)."""
         left_out: list[BoundError] = []
         while True:
             body = wire.encode(batch)
@@ -193,11 +195,13 @@ class Outbox:
                 record = _RECORD.match(exc.field)
                 if record is None or len(left_out) >= MAX_LEFT_OUT:
                     break  # not one record's fault: the collector's answer will say what
-                del getattr(batch, record[1])[int(record[2])]
+                records = batch[record[1]] if isinstance(batch, dict) else getattr(batch, record[1])
+                del records[int(record[2])]
                 left_out.append(exc)
         if left_out:
             more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
-            log.warning("batch %d: left out a record outside the bounds: %s%s", batch.seq, left_out[0], more)
+            seq = batch["seq"] if isinstance(batch, dict) else batch.seq
+            log.warning("batch %d: left out a record outside the bounds: %s%s", seq, left_out[0], more)
             if self._refused is not None:
                 self._refused(left_out)
         return body

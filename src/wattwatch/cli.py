@@ -258,6 +258,13 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
         help="interval length while inference requests flow, for per-query energy (default 0.1; 0: off)",
     )
     p.add_argument(
+        "--push-interval",
+        type=float,
+        metavar="S",
+        help="seconds between the agent's pushes of a batch (default $WATTWATCH_PUSH_INTERVAL or 5); a job's "
+        "start or end is pushed at once, and every tick is kept in the spool meanwhile",
+    )
+    p.add_argument(
         "--poison-after",
         type=int,
         metavar="N",
@@ -403,6 +410,15 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         if not 0.05 <= args.interval <= 3600:
             raise UsageError(f"--interval {args.interval} is out of range; use 0.05 to 3600 seconds")
         changes["interval_s"] = args.interval
+    if getattr(args, "push_interval", None) is not None:
+        changes["push_interval_s"] = args.push_interval
+    if args.command in ("agent", "up", "demo"):
+        push_s = changes.get("push_interval_s", settings.push_interval_s)
+        if not 0.1 <= push_s <= 3600:
+            raise UsageError(
+                f"push interval {push_s:g} s (--push-interval or WATTWATCH_PUSH_INTERVAL) is out of range; "
+                "use 0.1 to 3600 seconds"
+            )
     if args.command == "agent":
         if args.collector:
             if not args.collector.startswith(("http://", "https://")):

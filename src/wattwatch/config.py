@@ -40,7 +40,9 @@ class Settings:
     tls_cert: str = ""
     tls_key: str = ""
     interval_s: float = 1.0
-    push_interval_s: float = 1.0
+    # How often the agent seals and pushes a batch (and at once when a job starts or ends): several ticks
+    # per batch, so a fleet sends fewer, larger batches. Each tick is durable in the spool meanwhile.
+    push_interval_s: float = 5.0
     host: str = ""  # empty: the machine's hostname
     # Carbon: gCO2e = kWh x PUE x grid intensity.
     grid_intensity_g_per_kwh: float = 400.0

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from wattwatch.agent import quiet_server
 from wattwatch.errors import ConfigError, WattwatchError
 
 log = logging.getLogger(__name__)
@@ -86,14 +87,12 @@ class LocalApi:
         # Owner and group only: other local users must not tag jobs on this host.
         os.chmod(self.path, 0o660)
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="wattwatch-local-api", daemon=True)
-        self._thread.start()
+        self._thread = quiet_server.serve(server, "wattwatch-local-api")
 
     def stop(self) -> None:
         """Stop serving and remove the socket file; idempotent."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            quiet_server.stop(self._server, self._thread)
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()

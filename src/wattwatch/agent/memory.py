@@ -14,7 +14,8 @@ held keeps every job's figure reproducible and energy conserved (jobs + idle == 
 energy). Every DRAM device of the host (one per package) is shared the same way.
 
 Reading ``smaps_rollup`` walks the process's page tables (milliseconds for a process holding tens of
-GiB), so a job's memory is re-read at most every ``refresh_s``; memory held changes slowly.
+GiB), so a job's memory is re-read at most every ``refresh_s`` (and the installed memory with it, not every
+tick); memory held changes slowly.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class MemoryShareMeter:
         self._held: dict[str, _Held] = {}
         self._memo: tuple[float, tuple[dict[str, float], float]] | None = None
         self._warned = False
+        self._installed: tuple[float, float | None] | None = None  # (read at, MemTotal): re-read now and then
 
     def shares(self, jobs: Iterable[ActiveJob], *, at_s: float | None = None) -> tuple[dict[str, float], float]:
         """(job id -> bytes held, idle bytes: installed memory no job holds) for a DRAM interval.
@@ -66,7 +68,10 @@ class MemoryShareMeter:
         """
         if at_s is not None and self._memo is not None and self._memo[0] == at_s:
             return self._memo[1]
-        total_b = self.installed_b()
+        now = self._monotonic()
+        if self._installed is None or now - self._installed[0] >= self._refresh_s:
+            self._installed = (now, self.installed_b())  # re-read with the jobs' memory, not every tick
+        total_b = self._installed[1]
         result: tuple[dict[str, float], float]
         if total_b is None:
             if not self._warned:

@@ -11,18 +11,21 @@ agents in one process (tests) never share series.
 from __future__ import annotations
 
 import logging
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from wattwatch import __version__, wire
+from wattwatch.agent import quiet_server
 from wattwatch.config import parse_listen
 from wattwatch.errors import ConfigError, WattwatchError
 from wattwatch.limits import REASONS
@@ -281,13 +284,14 @@ class MetricsServer:
     def start(self) -> str:
         """Bind and serve; returns the URL of /metrics. A taken port or a bad host raises ConfigError."""
         try:
-            self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self._registry)
+            self._server = _wsgi_server(self.host, self.port, self._registry)
         except OSError as exc:
             raise ConfigError(
                 f"--metrics-listen {self.listen}: cannot listen there ({exc.strerror or exc}); "
                 "choose a free port on an address of this host"
             ) from None
         self.port = int(self._server.server_port)  # the real one when asked for port 0
+        self._thread = quiet_server.serve(self._server, "wattwatch-metrics")
         return self.url
 
     @property
@@ -301,7 +305,22 @@ class MetricsServer:
         server, self._server = self._server, None
         if server is None:
             return
-        server.shutdown()
-        server.server_close()  # shutdown() alone keeps the port bound
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        quiet_server.stop(server, self._thread)  # closes the socket too: shutdown() alone keeps the port bound
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Logs no request (a scrape every 15 s is not news)."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Log nothing."""
+
+
+def _wsgi_server(host: str, port: int, registry: CollectorRegistry) -> WSGIServer:
+    """prometheus_client's exposition app on ``host:port`` (IPv4 or IPv6, as the address resolves), not yet
+    serving: ``quiet_server.serve`` runs it."""
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class _Server(ThreadingWSGIServer):
+        address_family = family
+
+    return make_server(host, port, make_wsgi_app(registry), _Server, handler_class=_QuietHandler)

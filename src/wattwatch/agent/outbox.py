@@ -1,8 +1,12 @@
-"""What the agent measured since its last batch, and the sealing of it into one durable, numbered batch.
+"""What the agent measured since its last batch, staged tick by tick and sealed into one numbered batch.
 
 Every thread adds here (the worker its intervals and job records, the local API its spans, the scraper
-its counts); the periodic push seals whatever is there into the spool under the next sequence number,
-which is what makes a batch idempotent at the collector.
+its counts). Each scheduled tick stages what was added since the last one (``stage``): durable in the
+spool at once, as a part of the next batch, under that batch's reserved sequence number. The push (every
+push interval, and at once on a job's start or end) seals the parts into one batch (``seal``): a fleet
+sends one batch per push interval, not one per tick, and a crash loses nothing that was staged: the next
+start seals a crash's parts (``recover``). The sequence number is what makes a batch idempotent at the
+collector.
 
 A sealed batch is decoded once as the collector will decode it: a record outside ``wattwatch.limits`` (a
 counter glitch's absurd energy, a scraped count beyond 2**31 - 1) is left out alone and counted, rather
@@ -15,6 +19,9 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgspec
 
 from wattwatch import wire
 from wattwatch.agent.restore import Checkpoint, DeviceMark, JobMark
@@ -27,6 +34,7 @@ log = logging.getLogger(__name__)
 _RECORD = re.compile(r"^(intervals|jobs|queries|query_counts)\[(\d+)\]")
 # A batch with more bad records than this goes as it is (the collector's refusal names the first).
 MAX_LEFT_OUT = 1000
+_LISTS = ("intervals", "jobs", "queries", "query_counts")
 
 
 class Outbox:
@@ -50,10 +58,15 @@ class Outbox:
         self._refused = refused
         self._lock = threading.Lock()
         self._seal_lock = threading.Lock()
+        # Added, not yet staged (under _lock).
         self._intervals: list[wire.Interval] = []
         self._jobs: list[wire.Job] = []
         self._queries: list[wire.Query] = []
         self._counts: list[wire.QueryCount] = []
+        # Staged in the spool as parts of the batch ``_draft_seq`` (under _seal_lock).
+        self._draft_seq: int | None = None
+        self._draft_created_s = 0.0
+        self._staged = _Records()
         # The restart checkpoint as of what was added so far: per device the reading where its last added
         # interval ends, and the open jobs as of the last worker event.
         self._boot_id = boot_id
@@ -86,41 +99,92 @@ class Outbox:
             if open_jobs is not None and open_jobs[0] >= self._open_at_s:
                 self._open_at_s, self._open_jobs = open_jobs
 
-    def seal(self) -> int | None:
-        """Move everything pending into one durable batch; returns its seq (None when nothing was pending)."""
-        # One seal at a time (the push job's and the worker's): the spool must store checkpoints in the
-        # order of their batches, or a restart would bridge from a reading some batch already covers.
+    def stage(self) -> int | None:
+        """Make what was added since the last stage durable, as a part of the next batch (with the checkpoint
+        as of it); returns that batch's seq (None when nothing was added)."""
         with self._seal_lock:
-            return self._seal()
+            return self._stage()
 
-    def _seal(self) -> int | None:
+    def seal(self) -> int | None:
+        """Move everything staged and added so far into one durable batch, queued for the push; returns its
+        seq (None when there was nothing)."""
+        # One seal or stage at a time (the push's and the worker's): the spool must store checkpoints in
+        # the order of their records, or a restart would bridge from a reading some batch already covers.
+        with self._seal_lock:
+            self._stage()
+            seq = self._draft_seq
+            if seq is None:
+                return None
+            staged, self._staged, self._draft_seq = self._staged, _Records(), None
+            # Checked once, as a whole, here (not tick by tick: decoding is most of a stage's cost).
+            body = self._fitted(self._batch(seq, staged))
+            self.spool.seal_staged(seq, body, created_s=self._draft_created_s)
+            return seq
+
+    def recover(self) -> list[int]:
+        """Seal the batches a crash left staged, each from its parts; returns their seqs. Run before the
+        agent stages anything (it does so when it starts)."""
+        sealed: list[int] = []
+        with self._seal_lock:
+            for seq, parts in self.spool.staged().items():
+                # Parts are read as plain JSON: a record outside the bounds is left out by _fitted, alone.
+                merged: dict[str, Any] = {name: [] for name in _LISTS}
+                devices: dict[str, Any] = {}
+                created_s = 0.0
+                for body in parts:
+                    try:
+                        part = msgspec.json.decode(body)
+                        for name in _LISTS:
+                            merged[name].extend(part.get(name) or [])
+                        devices.update((d["key"], d) for d in part.get("devices") or [])
+                        created_s = created_s or float(part.get("sent_at_s") or 0.0)
+                    except (msgspec.DecodeError, AttributeError, TypeError, KeyError, ValueError) as exc:
+                        log.warning("batch %d: left out a staged part that does not read (%s)", seq, exc)
+                now_s = self._clock()
+                batch = {"agent_id": self.agent_id, "seq": seq, "host": self.host, "sent_at_s": now_s, **merged}
+                batch["devices"] = list(devices.values())
+                self.spool.seal_staged(seq, self._fitted(batch), created_s=created_s or now_s)
+                log.info("batch %d: sealed from %d part(s) staged before the agent stopped", seq, len(parts))
+                sealed.append(seq)
+        return sealed
+
+    def _stage(self) -> int | None:
         with self._lock:
             if not (self._intervals or self._jobs or self._queries or self._counts):
-                return None
-            intervals, jobs, queries, counts = self._intervals, self._jobs, self._queries, self._counts
+                return self._draft_seq
+            added = _Records(self._intervals, self._jobs, self._queries, self._counts)
             self._intervals, self._jobs, self._queries, self._counts = [], [], [], []
             checkpoint = None
             if self._open_jobs is not None:
                 checkpoint = Checkpoint(self._open_at_s, self._boot_id, dict(self._marks), list(self._open_jobs))
-        seq = self.spool.next_seq()
-        batch = wire.Batch(
+        if self._draft_seq is None:
+            self._draft_seq, self._draft_created_s = self.spool.next_seq(), self._clock()
+        part = self._batch(self._draft_seq, added)
+        self.spool.stage(
+            self._draft_seq,
+            wire.encode(part),
+            created_s=part.sent_at_s,
+            checkpoint=checkpoint.to_json() if checkpoint else None,
+        )
+        self._staged.extend(added.intervals, added.jobs, added.queries, added.counts)
+        return self._draft_seq
+
+    def _batch(self, seq: int, records: _Records) -> wire.Batch:
+        return wire.Batch(
             agent_id=self.agent_id,
             seq=seq,
             host=self.host,
             sent_at_s=self._clock(),
             devices=self._devices(),
-            intervals=intervals,
-            jobs=jobs,
-            queries=queries,
-            query_counts=counts,
+            intervals=records.intervals,
+            jobs=records.jobs,
+            queries=records.queries,
+            query_counts=records.counts,
         )
-        self.spool.put(
-            seq, self._fitted(batch), created_s=batch.sent_at_s, checkpoint=checkpoint.to_json() if checkpoint else None
-        )
-        return seq
 
-    def _fitted(self, batch: wire.Batch) -> bytes:
-        """The batch encoded, less each record the collector's decoding would refuse (logged and counted)."""
+    def _fitted(self, batch: wire.Batch | dict[str, Any]) -> bytes:
+        """The batch (a wire.Batch, or its plain JSON form) encoded, less each record the collector's
+        decoding would refuse (logged and counted)."""
         left_out: list[BoundError] = []
         while True:
             body = wire.encode(batch)
@@ -131,11 +195,42 @@ class Outbox:
                 record = _RECORD.match(exc.field)
                 if record is None or len(left_out) >= MAX_LEFT_OUT:
                     break  # not one record's fault: the collector's answer will say what
-                del getattr(batch, record[1])[int(record[2])]
+                records = batch[record[1]] if isinstance(batch, dict) else getattr(batch, record[1])
+                del records[int(record[2])]
                 left_out.append(exc)
         if left_out:
             more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
-            log.warning("batch %d: left out a record outside the bounds: %s%s", batch.seq, left_out[0], more)
+            seq = batch["seq"] if isinstance(batch, dict) else batch.seq
+            log.warning("batch %d: left out a record outside the bounds: %s%s", seq, left_out[0], more)
             if self._refused is not None:
                 self._refused(left_out)
         return body
+
+
+class _Records:
+    """The record lists of a batch (or of a part of one)."""
+
+    def __init__(
+        self,
+        intervals: list[wire.Interval] | None = None,
+        jobs: list[wire.Job] | None = None,
+        queries: list[wire.Query] | None = None,
+        counts: list[wire.QueryCount] | None = None,
+    ) -> None:
+        self.intervals = intervals if intervals is not None else []
+        self.jobs = jobs if jobs is not None else []
+        self.queries = queries if queries is not None else []
+        self.counts = counts if counts is not None else []
+
+    def extend(
+        self,
+        intervals: Iterable[wire.Interval],
+        jobs: Iterable[wire.Job],
+        queries: Iterable[wire.Query],
+        counts: Iterable[wire.QueryCount],
+    ) -> None:
+        """Append records."""
+        self.intervals.extend(intervals)
+        self.jobs.extend(jobs)
+        self.queries.extend(queries)
+        self.counts.extend(counts)

@@ -24,8 +24,10 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+import msgspec
 
 from wattwatch import wire
 from wattwatch.agent.jobs import ActiveJob
@@ -88,17 +90,23 @@ class Checkpoint:
     jobs: list[JobMark]
 
     def to_json(self) -> str:
-        """The spool's form of it."""
-        return json.dumps(
+        """The spool's form of it (written with every staged tick, so encoded by msgspec straight from the
+        marks: ``dataclasses.asdict`` and ``json`` cost more than the rest of the write)."""
+        return _ENCODER.encode(
             {
                 "version": CHECKPOINT_VERSION,
                 "t_s": self.t_s,
                 "boot_id": self.boot_id,
-                "devices": [asdict(m) for m in self.devices.values()],
-                "jobs": [{**asdict(j), "pids": [[p, t] for p, t in j.pids.items()]} for j in self.jobs],
-            },
-            separators=(",", ":"),
-        )
+                "devices": list(self.devices.values()),
+                "jobs": [
+                    {
+                        **{f: getattr(j, f) for f in _JOB_FIELDS},
+                        "pids": [[p, t] for p, t in j.pids.items()],
+                    }
+                    for j in self.jobs
+                ],
+            }
+        ).decode()
 
     @classmethod
     def from_json(cls, text: str) -> Checkpoint | None:
@@ -114,6 +122,10 @@ class Checkpoint:
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("ignoring an unreadable restart checkpoint (%s)", exc)
             return None
+
+
+_ENCODER = msgspec.json.Encoder()
+_JOB_FIELDS = tuple(f.name for f in fields(JobMark) if f.name != "pids")  # pids: a JSON object has no int keys
 
 
 def read_boot_id(proc_root: Path) -> str | None:

@@ -2,20 +2,26 @@
 job boundaries from the local API; on every tick the process tracker (``agent.tracker``) follows the
 GPUs' processes, and the scraper (``agent.scrape``) reads serving engines' counters on its own schedule.
 
-Threads: APScheduler runs the tick (enqueue), the push and the scrape; one worker thread owns the
-sampler, the tracker and the job registry's changes, so every reading is taken in event order and every
-interval is closed with the job set that really held the device; the local API answers clients at once
-and never waits for a reading. The self-metrics server (``agent.metrics``, with ``--metrics-listen``)
-answers scrapes from its own threads, reading thread-safe snapshots of the agent's state.
+Threads: one worker thread ticks (every ``interval_s``, on a fixed grid) and owns the sampler, the
+tracker and the job registry's changes, so every reading is taken in event order and every interval is
+closed with the job set that really held the device; the local API answers clients at once and never
+waits for a reading. A push thread seals and pushes every ``push_interval_s`` (``--push-interval``), and
+at once when a job starts or ends, so a fleet sends one batch per push interval instead of one per tick
+while a job's start and end reach the collector without waiting. APScheduler runs the scrape. The
+self-metrics server (``agent.metrics``, with ``--metrics-listen``) answers scrapes from its own threads,
+reading thread-safe snapshots of the agent's state.
 
-Every batch goes into the spool with a restart checkpoint (``agent.restore``); on start, before the
-worker runs, the agent takes over from the one before it: bridges the gap by the counters, re-adopts
-the jobs whose processes still run, ends the others when last seen.
+Each scheduled tick stages what it measured in the spool with a restart checkpoint (``agent.outbox``,
+``agent.restore``), so a crash loses at most the tick in progress, whatever the push cadence; on start,
+before the worker runs, the agent seals what a crash left staged and takes over from the one before it:
+bridges the gap by the counters, re-adopts the jobs whose processes still run, ends the others when
+last seen.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import socket
 import threading
@@ -86,6 +92,7 @@ class _Event:
     job_id: str = ""
     done: threading.Event | None = None
     listed: dict[str, set[int]] | None = None  # an end's: NVML's processes on the job's GPUs when it came
+    scheduled: bool = False  # a tick of the schedule (stages what it measured), not one asked for
 
 
 def _ended_at_restart(mark: JobMark, last_seen_s: float) -> wire.Job:
@@ -244,6 +251,15 @@ class Agent:
             )
         self._to_weigh: dict[str, tuple[str, ...]] = {}  # GPUs closed this sample with several holders
         self._worker = threading.Thread(target=self._work, name="wattwatch-sampler", daemon=True)
+        self._ticking = False  # the worker ticks on its own schedule once started
+        if not 0 < settings.push_interval_s < math.inf:
+            raise ConfigError(
+                f"the push interval must be a positive number of seconds, not {settings.push_interval_s!r}"
+            )
+        self.push_interval_s = settings.push_interval_s
+        self._push_wake = threading.Event()  # set: push now (a job started or ended)
+        self._push_halt = threading.Event()
+        self._push_thread = threading.Thread(target=self._push_loop, name="wattwatch-push", daemon=True)
         self._fine_until = 0.0  # time.monotonic() until which intervals close every fine_interval_s
         self._fine_wake = threading.Event()
         self._fine_halt = threading.Event()
@@ -275,14 +291,15 @@ class Agent:
         return self._metrics.url if self._metrics is not None else None
 
     def _start(self) -> None:
+        self.outbox.recover()  # batches a crash left staged, before anything new is staged
         self.sampler.sample(self._shares)  # baseline: intervals start here
         self._restore()
+        self._ticking = True
         self._worker.start()
+        self._push_thread.start()
         if self._fine_thread is not None:
             self._fine_thread.start()
         every = {"trigger": "interval", "max_instances": 1, "coalesce": True}
-        self._scheduler.add_job(self._enqueue_tick, seconds=self.interval_s, id="tick", **every)
-        self._scheduler.add_job(self.flush, seconds=self.settings.push_interval_s, id="push", **every)
         if self.scraper is not None:
             # Off the worker thread: a slow metrics endpoint must never delay a reading.
             self._scheduler.add_job(self.scraper.scrape_once, seconds=self.settings.interval_s, id="scrape", **every)
@@ -308,6 +325,10 @@ class Agent:
         if self._api is not None:
             self._api.stop()
         self._scheduler.shutdown(wait=True)
+        self._push_halt.set()
+        self._push_wake.set()
+        if self._push_thread.is_alive():
+            self._push_thread.join(timeout=flush_timeout_s)
         self._fine_halt.set()
         self._fine_wake.set()
         if self._fine_thread is not None and self._fine_thread.is_alive():
@@ -448,7 +469,7 @@ class Agent:
         return event.t_s
 
     def _enqueue_tick(self) -> None:
-        self._put(_Event("tick", 0.0))
+        self._put(_Event("tick", 0.0, scheduled=True))
 
     def _fine_ticks(self) -> None:
         # Sleeps until spans arrive; then enqueues a fine tick every fine_interval_s (on a fixed grid, so
@@ -466,16 +487,28 @@ class Agent:
                     self._fine_queued = True
                     self._put(_Event("fine", 0.0))
 
-    def tick(self, wait_s: float = 10.0) -> bool:
-        """Do now what the schedule does every interval (read, follow the GPUs' processes) and wait at
-        most ``wait_s`` for it; True when it was done."""
+    def tick(self, wait_s: float = 10.0, *, stage: bool = False) -> bool:
+        """Do now what the schedule does every interval (read, follow the GPUs' processes; with ``stage``,
+        make it durable in the spool) and wait at most ``wait_s`` for it; True when it was done."""
         done = threading.Event()
-        self._put(_Event("tick", 0.0, done=done))
+        self._put(_Event("tick", 0.0, done=done, scheduled=stage))
         return done.wait(wait_s)
 
     def _work(self) -> None:
+        # The worker is its own clock: it enqueues the schedule's ticks when they are due (behind the events
+        # already queued, in time order), on a fixed grid; a tick that comes due while one is still being
+        # read is skipped, not piled up. Cheaper than a scheduler thread handing each tick over.
+        period_s = self.interval_s
+        next_tick = time.monotonic() + period_s
         while True:
-            event = self._events.get()
+            now = time.monotonic()
+            if now >= next_tick and self._ticking:
+                self._enqueue_tick()
+                next_tick += period_s * (math.floor((now - next_tick) / period_s) + 1)
+            try:
+                event = self._events.get(timeout=max(0.0, next_tick - now) if self._ticking else None)
+            except queue.Empty:
+                continue
             try:
                 # A fine tick with events queued behind it is dropped: read now, it would land after their
                 # boundaries and move them onto its own (counter-stale) reading; the next one comes soon.
@@ -528,6 +561,9 @@ class Agent:
         self._hand_over(intervals, jobs)
         if boundary:
             self.seal()  # a job's start and end reach the spool, and the checkpoint, at once
+            self._push_wake.set()  # and the collector: reports see a job's end without waiting for the push
+        elif event.scheduled:
+            self.outbox.stage()  # what this tick measured survives a crash
         if event.kind == "stop" and self._settler is not None:
             self._settler.close()
 
@@ -653,7 +689,24 @@ class Agent:
         """Move everything measured so far into one durable batch; returns its seq (None if empty)."""
         return self.outbox.seal()
 
+    def stage(self) -> int | None:
+        """Make what was measured since the last stage durable as part of the next batch (what every
+        scheduled tick does); returns that batch's seq (None if nothing was measured)."""
+        return self.outbox.stage()
+
     def flush(self) -> None:
-        """Seal pending measurements and push the spool (the periodic push job)."""
+        """Seal pending measurements and push the spool (what the push thread does every push interval)."""
         self.seal()
         self.pusher.push_pending()
+
+    def _push_loop(self) -> None:
+        # Every push_interval_s after the last push, or at once when a job starts or ends.
+        while not self._push_halt.is_set():
+            self._push_wake.wait(self.push_interval_s)
+            if self._push_halt.is_set():
+                return
+            self._push_wake.clear()
+            try:
+                self.flush()
+            except Exception:
+                log.exception("agent push failed; what it measured stays spooled for the next push")

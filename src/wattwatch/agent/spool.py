@@ -5,6 +5,13 @@ Batches are written before any push is attempted and deleted only after the coll
 the next sequence number is stored with them, so a restarted agent never reuses a batch key. The
 restart checkpoint (``agent.restore``) is written with every batch, in the batch's transaction.
 
+Between pushes the agent stages what each tick measured (``stage``): a part of the batch it will seal
+next, under that batch's reserved seq, with the checkpoint as of it in the same row (one statement: the
+cheapest durable write SQLite has). Sealing moves the parts into the queue as one batch and the last
+part's checkpoint into ``meta`` (``seal_staged``); a batch left staged by a crash is sealed from its
+parts at the next start (``agent.outbox``). So the push cadence (how many ticks one batch holds) costs a
+crash nothing: what a tick measured is durable once that tick is staged.
+
 A batch the collector refuses for good (``agent.poison``) moves to the ``dead`` table with a JSON
 reason, in one transaction: kept in the same file, never retried, never deleted, until ``requeue``
 (``wattwatch spool requeue``) moves it back. Another process (``wattwatch spool``, ``wattwatch doctor``)
@@ -27,6 +34,10 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, created_s REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS dead (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS staged (
+    seq INTEGER NOT NULL, part INTEGER NOT NULL, body BLOB NOT NULL, created_s REAL NOT NULL, checkpoint TEXT,
+    PRIMARY KEY (seq, part)
+);
 """
 
 
@@ -109,9 +120,50 @@ class Spool:
                 self._db.execute("ROLLBACK")
                 raise
 
+    def stage(self, seq: int, body: bytes, created_s: float, checkpoint: str | None = None) -> None:
+        """Append one part of the batch ``seq`` (not yet sealed) durably, with the ``checkpoint`` as of it
+        (``checkpoint()`` returns it from now on)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO staged (seq, part, body, created_s, checkpoint) "
+                "SELECT ?, COALESCE(MAX(part) + 1, 0), ?, ?, ? FROM staged WHERE seq = ?",
+                (seq, body, created_s, checkpoint, seq),
+            )
+
+    def staged(self) -> dict[int, list[bytes]]:
+        """The parts of every batch staged but not sealed (a crash left them), by seq, in order."""
+        with self._lock:
+            rows = self._db.execute("SELECT seq, body FROM staged ORDER BY seq, part").fetchall()
+        out: dict[int, list[bytes]] = {}
+        for seq, body in rows:
+            out.setdefault(int(seq), []).append(bytes(body))
+        return out
+
+    def seal_staged(self, seq: int, body: bytes, created_s: float) -> None:
+        """Queue batch ``seq`` (``body``: all its parts in one batch), keep the checkpoint of its last part
+        that has one, and drop its parts, in one transaction."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT INTO batches (seq, body, created_s) VALUES (?, ?, ?)", (seq, body, created_s))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) SELECT 'checkpoint', checkpoint FROM staged "
+                    "WHERE seq = ? AND checkpoint IS NOT NULL ORDER BY part DESC LIMIT 1",
+                    (seq,),
+                )
+                self._db.execute("DELETE FROM staged WHERE seq = ?", (seq,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
     def checkpoint(self) -> str | None:
-        """The checkpoint stored with the latest batch (None before the first)."""
-        return self.meta("checkpoint")
+        """The checkpoint stored with the latest batch or staged part (None before the first)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT checkpoint FROM staged WHERE checkpoint IS NOT NULL ORDER BY seq DESC, part DESC LIMIT 1"
+            ).fetchone()
+        return str(row[0]) if row is not None else self.meta("checkpoint")
 
     def peek(self, limit: int = 16, after: int = -1) -> list[tuple[int, bytes]]:
         """The oldest ``limit`` batches with a seq above ``after``, oldest first."""

@@ -14,9 +14,11 @@ slow reads. Acceptance is checked and printed at the end; the exit code is 1 if 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from accuracy_methods import (
 )
 from accuracy_rapl import JOB_S, MAX_POWER_W, RANGE_UJ, derived_poll_interval_s, run_rapl
 from accuracy_traces import T_START, Trace, gpu_traces, play, quick_traces
+from mdtable import caption, command, table
 
 from wattwatch.sim.clock import FakeClock
 from wattwatch.sim.fleet import SimulatedFleet
@@ -164,52 +167,75 @@ def _cell(value: float | str | None) -> str:
     return f"{value:+.2%}"
 
 
-def format_report(report: Report) -> str:
-    """The tables and the acceptance verdicts, as printed."""
-    lines = [f"Accuracy against the exact integral, simulated {report.generation} (worst job per trace)", ""]
-    for path, title in (("counter", "energy counter present"), ("power", "power only (counter hidden)")):
+def _codecarbon_version() -> str:
+    try:
+        return "CodeCarbon " + importlib.metadata.version("codecarbon")
+    except importlib.metadata.PackageNotFoundError:
+        return "CodeCarbon (not installed)"
+
+
+def format_report(report: Report, argv: Sequence[str] = ()) -> str:
+    """The command, the tables (markdown, as the README shows them) and the acceptance verdicts, as printed."""
+    lines = [command("accuracy.py", argv), ""]
+    with_cc = any(isinstance(r.errors.get("CodeCarbon"), float) for r in report.rows)
+    cc = f"; {_codecarbon_version()} reads the same fake board through its own pynvml code" if with_cc else ""
+    captions = {
+        "counter": (
+            f"**Sensors against naive methods and CodeCarbon**: simulated {report.generation}, error of the worst "
+            "job of each trace against the exact integral of the simulator's power; the naive loops read "
+            f"nvmlDeviceGetPowerUsage once a second (x 1 s) and POWER_INSTANT at 10 Hz (trapezoid){cc}:"
+        ),
+        "power": (
+            "**Without an energy counter** (the same traces, the board's counter hidden: wattwatch integrates "
+            "POWER_INSTANT at ~100 Hz with jitter):"
+        ),
+    }
+    for path in ("counter", "power"):
         rows = [r for r in report.rows if r.path == path]
         if not rows:
             continue
-        lines.append(f"## {title}")
-        header = f"{'trace':34s} {'jobs':>4s} {'exact J':>10s} " + " ".join(f"{m:>14s}" for m in METHODS)
-        lines += [header, "-" * len(header)]
-        for r in rows:
-            cells = " ".join(f"{_cell(r.errors.get(m)):>14s}" for m in METHODS)
-            lines.append(f"{r.trace:34s} {r.jobs:4d} {r.exact_j:10.1f} {cells}")
-        lines.append("")
+        lines += [caption(captions[path]), ""]
+        body = [[r.trace, str(r.jobs), f"{r.exact_j:.1f}", *(_cell(r.errors.get(m)) for m in METHODS)] for r in rows]
+        lines += [table(["trace", "jobs", "exact J", *METHODS], body), ""]
     if report.rapl_rows:
         lines.append(
-            f"## RAPL: {JOB_S:.0f} s at 250-380 W, counter range {RANGE_UJ / 1e6:.0f} J (wraps every "
-            f"{RANGE_UJ / 1e6 / MAX_POWER_W:.1f} s at {MAX_POWER_W:.0f} W); derived max_poll_interval_s = "
-            f"{derived_poll_interval_s():.2f} s; exact {report.rapl_exact_j:.1f} J"
+            caption(
+                f"**RAPL with a double wrap**: {JOB_S:.0f} s at 250-380 W, counter range {RANGE_UJ / 1e6:.0f} J "
+                f"(wraps every {RANGE_UJ / 1e6 / MAX_POWER_W:.1f} s at {MAX_POWER_W:.0f} W); derived "
+                f"max_poll_interval_s = {derived_poll_interval_s():.2f} s; exact {report.rapl_exact_j:.1f} J:"
+            )
         )
+        body = []
         for name, measured, flagged in report.rapl_rows:
             if isinstance(measured, float):
                 err = (measured - report.rapl_exact_j) / report.rapl_exact_j
-                note = "  (flagged wrap_ambiguous)" if flagged else ""
-                lines.append(f"  {name:42s} {measured:10.1f} J  {err:+8.2%}{note}")
+                body.append([name, f"{measured:.1f} J", f"{err:+.2%}", "wrap_ambiguous" if flagged else ""])
             else:
-                lines.append(f"  {name:42s} {measured}")
-        lines.append("")
+                body.append([name, measured, "-", ""])
+        lines += ["", table(["reader", "measured", "error", "flagged"], body), ""]
     rt = report.realtime
     if rt:
-        lines.append("## CodeCarbon's whole EmissionsTracker beside wattwatch, same board, real time")
+        lines.append("**CodeCarbon's whole EmissionsTracker beside wattwatch**, same simulated board, real time:")
+        lines.append("")
         if "error" in rt:
-            lines.append(f"  unavailable: {rt['error']}")
+            lines.append(f"unavailable: {rt['error']}")
         else:
             exact = float(rt["exact_j"])
-            for key, name in (("wattwatch_j", "wattwatch NvmlSensor"), ("codecarbon_j", "CodeCarbon tracker")):
-                value = float(rt[key])
-                lines.append(f"  {name:22s} {value:9.1f} J  {(value - exact) / exact:+7.2%}")
-            lines.append(
-                f"  ({float(rt['seconds']):.0f} s of training, exact {exact:.1f} J; the tracker's start took "
-                f"{float(rt['tracker_start_s']) * 1e3:.0f} ms, its stop {float(rt['tracker_stop_s']) * 1e3:.0f} ms)"
-            )
+            body = [
+                [name, f"{float(rt[key]):.1f} J", f"{(float(rt[key]) - exact) / exact:+.2%}"]
+                for key, name in (("wattwatch_j", "wattwatch NvmlSensor"), ("codecarbon_j", "CodeCarbon tracker"))
+            ]
+            lines += [
+                table(["measured by", "energy", "error"], body),
+                "",
+                f"({float(rt['seconds']):.0f} s of training, exact {exact:.1f} J; the tracker's start took "
+                f"{float(rt['tracker_start_s']) * 1e3:.0f} ms, its stop {float(rt['tracker_stop_s']) * 1e3:.0f} ms)",
+            ]
         lines.append("")
-    lines.append("## acceptance")
+    lines.append("Acceptance:")
+    lines.append("")
     for check, ok, detail in report.checks:
-        lines.append(f"  {'PASS' if ok else 'FAIL'}  {check}  ({detail})")
+        lines.append(f"- {'PASS' if ok else 'FAIL'}  {check}  ({detail})")
     lines.append(f"\n{'all passed' if report.passed else 'FAILED'} in {report.seconds:.1f} s")
     return "\n".join(lines)
 
@@ -229,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         codecarbon=not args.no_codecarbon,
         realtime=not (args.no_realtime or args.quick),
     )
-    print(format_report(report))
+    print(format_report(report, sys.argv[1:] if argv is None else argv))
     if args.json:
         args.json.write_text(json.dumps(asdict(report), indent=2))
     return 0 if report.passed else 1

@@ -55,8 +55,9 @@ def test_rapl_double_wrap_is_measured_only_when_read_often_enough(report: accura
     slow, flagged = rows["wattwatch, read every 30 s (too slow)"]
     assert isinstance(slow, float) and slow < 0.5 * report.rapl_exact_j and flagged
     assert report.passed
-    text = accuracy.format_report(report)
-    assert "## acceptance" in text and "FAIL" not in text
+    text = accuracy.format_report(report, ["--quick"])
+    assert text.startswith("`python benchmarks/accuracy.py --quick`")
+    assert "| trace " in text and "\nAcceptance:" in text and "FAIL" not in text
 
 
 def test_gpu_check_runs_its_measurements_on_a_simulated_board(

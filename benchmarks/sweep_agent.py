@@ -190,8 +190,14 @@ def _measure(
     return result
 
 
-def _active(agent: Agent) -> set[str]:
-    return {j.id for j in agent.registry.snapshot()}
+def _request(agent: Agent, msg: dict[str, object]) -> None:
+    """Send a job boundary and wait until the worker has handled it whole: it seals a batch into the spool
+    last (after the boundary read, the claim or release of processes), so the spool grows by one."""
+    before = agent.spool.pending()
+    reply = agent.handle(msg)
+    if not reply["ok"]:
+        raise RuntimeError(f"{msg['op']} {msg['id']} refused: {reply}")
+    _wait(lambda: agent.spool.pending() > before, f"handle {msg['op']} {msg['id']}")
 
 
 def _act(agent: Agent, fleet: SimulatedFleet, proc: Path, a: _Action) -> None:
@@ -206,17 +212,13 @@ def _act(agent: Agent, fleet: SimulatedFleet, proc: Path, a: _Action) -> None:
         # The load is set before the request, for the instant the agent will stamp on it (nothing else moves
         # the clock meanwhile); set after it, it could land before a read the worker already took.
         fleet.set_activity(a.board, "training", fleet.clock() + fleet.load_lag_s(a.job, "start"), a.pid)
-        msg = {"op": "job_start", "id": a.job, "name": a.job, "kind": "training", "pid": a.pid}
+        msg: dict[str, object] = {"op": "job_start", "id": a.job, "name": a.job, "kind": "training", "pid": a.pid}
         if a.shape == "declared":
             msg["cuda_visible_devices"] = str(a.board)
-        if not agent.handle(msg)["ok"]:
-            raise RuntimeError(f"job_start {a.job} refused")
-        _wait(lambda: a.job in _active(agent), f"start job {a.job}")
+        _request(agent, msg)
     else:  # close: the job ends and its process exits
         fleet.set_activity(a.board, "idle", fleet.clock() + fleet.load_lag_s(a.job, "end"), a.pid)
-        if not agent.handle({"op": "job_end", "id": a.job})["ok"]:
-            raise RuntimeError(f"job_end {a.job} refused")
-        _wait(lambda: a.job not in _active(agent), f"end job {a.job}")
+        _request(agent, {"op": "job_end", "id": a.job})
         fleet.set_process_utilization(a.board, a.pid, 0.0, fleet.clock())
         shutil.rmtree(proc / str(a.pid), ignore_errors=True)
 

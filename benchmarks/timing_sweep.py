@@ -171,10 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--flaws / --boards: unknown {', '.join(map(repr, unknown))}")
     rows = [run_row(board, flaw, p, args.jobs, model_load_s) for board in boards for flaw in flaws for p in periods]
     print(mdtable.command("timing_sweep.py", sys.argv[1:] if argv is None else list(argv)))
+    low, high = model_load_s
+    load = f"{low:g}" if low == high else f"{low:g}-{high:g}"
     for board in boards:
         print(
-            f"\n{board} ({BOARDS[board]}; each process on its GPU {model_load_s[0]:g}-{model_load_s[1]:g} s before "
-            f"its job opens, agent tick {TICK_S:g} s), errors against the exact integral over each job:\n"
+            f"\n{board} ({BOARDS[board]}; each process on its GPU {load} s before its job opens, agent tick "
+            f"{TICK_S:g} s), errors against the exact integral over each job:\n"
         )
         print(tables(rows, board))
     ok, line = acceptance(rows)

@@ -279,6 +279,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> Run:
         wait_ready({collector: lambda: http_get(f"{collector_url}/healthz") is not None}, lambda m, c: None)
         agent_cmd = [*WATTWATCH, "agent", "--simulate", str(args.gpus), "--interval", str(args.interval)]
         agent_cmd += ["--collector", collector_url]
+        if args.push_interval is not None:
+            agent_cmd += ["--push-interval", str(args.push_interval)]
         if args.metrics:
             agent_cmd += ["--metrics-listen", f"127.0.0.1:{metrics_port}"]
         agent = start(AGENT, agent_cmd, tmp / "agent.log", {**env, "WATTWATCH_HOME": str(tmp / "agent")})
@@ -443,6 +445,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=5.0, help="seconds after start-up before measuring (default 5)")
     p.add_argument("--gpus", type=int, default=8, help="simulated GPUs (default 8)")
     p.add_argument("--interval", type=float, default=1.0, help="sampling tick in seconds, both tools (default 1)")
+    p.add_argument(
+        "--push-interval",
+        type=float,
+        metavar="S",
+        help="seconds between the agent's pushes (default: the agent's own, 5 s); a short run needs less",
+    )
     p.add_argument(
         "--metrics",
         action="store_true",

@@ -26,7 +26,9 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 
 def test_short_run_prints_both_tools_with_positive_figures() -> None:
-    args = ["--duration", "3", "--warmup", "1", "--gpus", "2", "--metrics", "--scrape-every", "1"]
+    # A 3 s run needs pushes more often than the agent's default 5 s to show its batches arriving.
+    args = ["--duration", "3", "--warmup", "1", "--gpus", "2", "--push-interval", "1"]
+    args += ["--metrics", "--scrape-every", "1"]
     out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"`python benchmarks/agent_overhead.py {' '.join(args)}`")

@@ -10,24 +10,18 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
-import uuid
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from wattwatch import __version__
+from wattwatch.cli_errors import RuntimeFailure, UsageError
 from wattwatch.config import Settings, load_settings, parse_listen, resolve_token
 from wattwatch.errors import ConfigError, WattwatchError
 from wattwatch.units import JOB_KINDS, parse_duration_s
-
-
-class UsageError(Exception):
-    """A flag or argument the user must fix; printed as one line, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="job name (default: the command)")
     run.add_argument("--label", action="append", default=[], metavar="K=V", help="add a label (repeatable)")
     run.add_argument("--job-id", help="join this job id (default $WATTWATCH_JOB or a new id)")
+    run_src = run.add_mutually_exclusive_group()
+    run_src.add_argument(
+        "--server", metavar="URL", help="ask this collector for the summary (default: the one the agent pushes to)"
+    )
+    run_src.add_argument("--db", metavar="URL", help="read the summary from this database instead")
+    run.add_argument(
+        "--summary-wait",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="wait up to S seconds for the job's figures after it ends (default 15; 0: no summary)",
+    )
+    _add_token(run, "bearer token for the summary: a reader token")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
     rep = sub.add_parser(
@@ -147,13 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-job energy summaries",
         formatter_class=_fmt(),
         epilog="examples:\n  wattwatch report --since 7d\n"
+        "  wattwatch report --job 3f2a9c1e         an id prefix as the table shows it, or a job name\n"
         "  wattwatch report --server http://collector:8470 --kind inference --format json\n"
         "  WATTWATCH_TOKEN_FILE=reader.token wattwatch report --server https://collector:8470 --ca-file ca.pem",
     )
     src = rep.add_mutually_exclusive_group()
     src.add_argument("--server", metavar="URL", help="ask a running collector")
     src.add_argument("--db", metavar="URL", help="read a database directly (default: the embedded one)")
-    rep.add_argument("--job", metavar="ID", help="only this job")
+    rep.add_argument("--job", metavar="REF", help="only this job: its id, a unique prefix of it, or its name")
     rep.add_argument("--kind", choices=JOB_KINDS, help="only jobs of this kind")
     rep.add_argument("--since", metavar="DURATION", help="only jobs active in this window, e.g. 7d, 12h")
     rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
@@ -381,6 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, WattwatchError) as exc:
         sys.stderr.write(f"wattwatch {args.command}: error: {exc}\n")
         return 2
+    except RuntimeFailure as exc:
+        sys.stderr.write(f"wattwatch {args.command}: error: {exc}\n")
+        return 1
     except KeyboardInterrupt:
         return 130
 
@@ -434,7 +445,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     changes.update(_identity_changes(args))
     changes.update(_time_window_changes(args))
     settings = dataclasses.replace(settings, **changes)
-    return resolve_token(settings) if args.command in ("up", "demo", "collector", "agent", "report") else settings
+    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run")
+    return resolve_token(settings) if needs_token else settings
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
@@ -460,9 +472,13 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         run_agent(settings, simulate=args.simulate, flaws=_sim_flaws(args, args.simulate), options=_agent_options(args))
         return 0
     if cmd == "run":
-        return _run(args, settings)
+        from wattwatch import run_cli
+
+        return run_cli.run(args, settings)
     if cmd == "report":
-        return _report(args, settings)
+        from wattwatch import report_cli
+
+        return report_cli.run(args, settings)
     if cmd == "doctor":
         return _doctor(args, settings)
     if cmd == "token":
@@ -519,124 +535,6 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     print(render(report, "table"))
     print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `wattwatch report`.")
     return 0
-
-
-def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch.sdk import AgentClient
-
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UsageError("no command given; put it after --, e.g. `wattwatch run --kind training -- python train.py`")
-    labels: dict[str, str] = {}
-    for item in args.label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--label {item!r} is not K=V; use e.g. --label team=nlp")
-        labels[key] = value
-    job_id = args.job_id or os.environ.get("WATTWATCH_JOB") or uuid.uuid4().hex
-    client = AgentClient(settings.socket_path, timeout_s=2.0)
-    started = False
-    try:
-        reply = client.request(
-            {
-                "op": "job_start",
-                "id": job_id,
-                "name": args.name or Path(cmd[0]).name,
-                "kind": args.kind,
-                "labels": labels,
-                "pid": os.getpid(),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "via": "run",
-            }
-        )
-        if reply.get("ok"):
-            started = True
-            if reply.get("warning"):
-                sys.stderr.write(f"wattwatch run: warning: {reply['warning']}\n")
-        else:
-            raise UsageError(f"the agent refused the job: {reply.get('error')}")
-    except (OSError, ValueError) as exc:
-        sys.stderr.write(
-            f"wattwatch run: warning: no agent at {settings.socket_path} ({exc}); running the "
-            "command unmeasured. Start one with `wattwatch up` or `wattwatch agent`.\n"
-        )
-    env = {**os.environ, "WATTWATCH_JOB": job_id, "WATTWATCH_KIND": args.kind}
-    try:
-        child = subprocess.Popen(cmd, env=env)
-    except OSError as exc:
-        if started:
-            client.request({"op": "job_end", "id": job_id})
-        raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
-
-    def forward(signum: int, frame: object) -> None:
-        child.send_signal(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    code = child.wait()
-    if started:
-        try:
-            client.request({"op": "job_end", "id": job_id})
-        except (OSError, ValueError) as exc:
-            sys.stderr.write(f"wattwatch run: warning: could not tell the agent the job ended ({exc})\n")
-    client.close()
-    return code if code >= 0 else 128 - code
-
-
-def _report(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch.report import render
-
-    since_s = None
-    if args.since:
-        try:
-            since_s = time.time() - parse_duration_s(args.since)
-        except ValueError as exc:
-            raise UsageError(f"--since: {exc}") from None
-    if args.server:
-        report = _report_from_server(args, settings)
-    else:
-        from wattwatch.storage.engine import check_ready
-        from wattwatch.storage.repository import build_report
-
-        engine = check_ready(args.db or settings.resolved_db_url)
-        try:
-            report = build_report(
-                engine,
-                since_s=since_s,
-                job_id=args.job,
-                kind=args.kind,
-                grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
-                pue=settings.pue,
-            )
-        finally:
-            engine.dispose()
-    if args.job and not report["jobs"]:
-        raise UsageError(f"no job {args.job!r} in this database; list jobs with `wattwatch report`")
-    print(render(report, args.format))
-    return 0
-
-
-def _report_from_server(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    import httpx
-
-    from wattwatch.tls import client_verify, untrusted_certificate, untrusted_message
-
-    params = {k: v for k, v in (("job", args.job), ("kind", args.kind), ("since", args.since)) if v}
-    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
-    url = args.server.rstrip("/") + "/api/v1/report"
-    try:
-        resp = httpx.get(url, params=params, headers=headers, timeout=30, verify=client_verify(settings.ca_file))
-    except httpx.HTTPError as exc:
-        reason = untrusted_certificate(exc)
-        if reason:
-            raise UsageError(untrusted_message(args.server, reason)) from None
-        raise UsageError(f"collector at {args.server} unreachable ({exc}); check --server") from None
-    if resp.status_code != 200:
-        raise UsageError(f"collector answered HTTP {resp.status_code}: {resp.text[:200]}")
-    result: dict[str, Any] = resp.json()
-    return result
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:

@@ -130,7 +130,9 @@ def format_duration(duration_s: float | None) -> str:
 def _cell(job: Mapping[str, Any], key: str) -> str:
     value = job.get(key)
     if key == "id":
-        return str(value)[:12]
+        # The unique prefix the database computed (``--job`` takes it back); the whole id from a collector
+        # too old to say, since a cut of our own could be ambiguous.
+        return str(job.get("short_id") or value)
     if key == "status":
         if job.get("ended_at") is None:
             return "running"

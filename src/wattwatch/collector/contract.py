@@ -55,13 +55,15 @@ Since = Annotated[
 ]
 Kind = Annotated[JobKind | None, Query(description="only jobs of this kind")]
 _KEY = _meta(wire.Key)
+_NAME = _meta(wire.Name)
+# A job's id, a unique prefix of it, or its name (names may hold any character but NUL).
 JobFilter = Annotated[
     str | None,
     Query(
-        min_length=_KEY.min_length,
-        max_length=_KEY.max_length,
-        pattern=_KEY.pattern,
-        description="only this job (its id)",
+        min_length=_NAME.min_length,
+        max_length=_NAME.max_length,
+        pattern=_NAME.pattern,
+        description="only this job: its id, a unique prefix of its id, or its name",
     ),
 ]
 
@@ -73,7 +75,7 @@ JobId = Annotated[
 _JOB_ID_HINT = "a job id: 1-200 characters of A-Za-z0-9_.:@/-"
 PATTERN_HINTS = {
     "since": "a duration: a number and a unit (s, m, h, d, w), e.g. 90s, 15m, 12h, 7d; bare: seconds",
-    "job": _JOB_ID_HINT,
+    "job": "a job's id, a unique prefix of it, or its name: 1-200 characters, no NUL",
     "job_id": _JOB_ID_HINT,
 }
 

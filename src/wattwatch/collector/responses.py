@@ -68,6 +68,7 @@ class JobEntry(msgspec.Struct):
     """One job's report entry (DESIGN.md's report JSON plus extras); null where a figure does not apply."""
 
     id: str
+    short_id: Annotated[str, msgspec.Meta(description="the shortest id prefix (8+) unique in the database")]
     name: str
     kind: JobKind
     started_at: Timestamp

@@ -28,6 +28,8 @@ from wattwatch.config import Settings
 from wattwatch.errors import StorageError
 from wattwatch.storage import repository
 from wattwatch.storage.engine import check_schema
+from wattwatch.storage.job_refs import AmbiguousJob
+from wattwatch.storage.reads import resolve_job
 from wattwatch.units import JOB_KINDS, parse_duration_s
 
 T = TypeVar("T")
@@ -323,11 +325,18 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
     def report(
         since: contract.Since = None, job: contract.JobFilter = None, kind: contract.Kind = None
     ) -> dict[str, Any]:
-        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``."""
+        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``. ``job`` takes a job's id, a unique
+        prefix of it or its name (422 listing the candidates when it names several)."""
+        job_id = None
+        if job:
+            try:
+                job_id = resolve_job(ctx.engine, job) or job
+            except AmbiguousJob as exc:
+                raise ApiError(422, str(exc), "job") from None
         return repository.build_report(
             ctx.engine,
             since_s=_since_s(ctx, since),
-            job_id=job or None,
+            job_id=job_id,
             kind=_kind(kind),
             now_s=ctx.clock(),
             **carbon,

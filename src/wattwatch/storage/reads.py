@@ -27,6 +27,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from wattwatch.accounting.carbon import emissions_g
 from wattwatch.accounting.rollup import hour_floor_s
+from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
     devices,
@@ -98,6 +99,7 @@ def _job_entries(
     ).all()
     figures = read_span_figures(conn, job_ids)
     phases = _phases_of(conn, job_ids, now_s=now_s)
+    shorts = short_ids(conn, [r.id for r in job_rows if r.phase_of is None])
 
     per_job_host: dict[str, dict[str, dict[str, float]]] = {}
     per_job_kind: dict[str, dict[str, float]] = {}
@@ -130,6 +132,8 @@ def _job_entries(
         avg_power_w = energy_j / duration_s if duration_s > 0 else None
         entries[job.id] = {
             "id": job.id,
+            # The id prefix tables show: unique in this database, so `--job` takes it back.
+            "short_id": shorts.get(job.id, job.id),
             "name": job.name,
             "kind": job.kind,
             "started_at": iso_utc(job.started_at_s),
@@ -216,6 +220,13 @@ def _phase_fields(phases: list[dict[str, Any]]) -> dict[str, Any]:
         fields[f"{name}_duration_s"] = end_s - start_s
     fields["phases"] = phases
     return fields
+
+
+def resolve_job(engine: Engine, ref: str) -> str | None:
+    """The id of the job ``ref`` names: its id, a unique id prefix or its name (``job_refs``); None when
+    no job matches. Raises ``job_refs.AmbiguousJob`` when several do."""
+    with _snapshot(engine) as conn:
+        return resolve_job_ref(conn, ref)
 
 
 def build_report(

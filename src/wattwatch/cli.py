@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import logging
 import os
 import sys
@@ -22,6 +23,8 @@ from wattwatch.cli_errors import RuntimeFailure, UsageError
 from wattwatch.config import Settings, load_settings, parse_listen, resolve_token
 from wattwatch.errors import ConfigError, WattwatchError
 from wattwatch.units import JOB_KINDS, parse_duration_s
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
   wattwatch report --since 7d --format json""",
     )
     p.add_argument("--version", action="version", version=f"wattwatch {__version__}")
-    p.add_argument("--home", help="state directory (default $WATTWATCH_HOME or ~/.local/share/wattwatch)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    _add_globals(p, default=None)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     up = sub.add_parser(
@@ -198,7 +200,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     token_cli.add_parser(sub, _fmt(), _add_db)
     spool_cli.add_parser(sub, _fmt())
+    for parser in _subparsers(p):
+        # Global options after the command too (`wattwatch report --home X`); SUPPRESS keeps one given
+        # before the command when it is not repeated after.
+        _add_globals(parser, default=argparse.SUPPRESS)
     return p
+
+
+def _add_globals(p: argparse.ArgumentParser, *, default: Any) -> None:
+    p.add_argument(
+        "--home", default=default, help="state directory (default $WATTWATCH_HOME or ~/.local/share/wattwatch)"
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", default=default or False, help="log more (same as --log-level debug)"
+    )
+    p.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=default,
+        type=str.lower,
+        help="log lines (on stderr) from this level up; default info for services, warning for the rest",
+    )
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p`` (commands and their actions)."""
+    out: list[argparse.ArgumentParser] = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                out += [child, *_subparsers(child)]
+    return out
 
 
 # --- identity (issue 9): tokens from argv, the environment or a file; TLS; the open-collector guard --------
@@ -368,6 +400,11 @@ def _add_listen(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wattwatch`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    negative = _negative_duration(argv)
+    if negative:
+        sys.stderr.write(f"wattwatch: error: {negative}\n")
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -375,12 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Services log what they do; one-shot commands print their answer and only warnings besides.
     quiet = args.command not in ("up", "demo", "collector", "agent")
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else (logging.WARNING if quiet else logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.DEBUG if args.verbose else (logging.WARNING if quiet else logging.INFO)
+    if args.log_level:
+        level = getattr(logging, args.log_level.upper())
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.DEBUG if level <= logging.DEBUG else max(level, logging.WARNING))
     try:
         if args.home:
             os.environ["WATTWATCH_HOME"] = str(Path(args.home).expanduser())
@@ -394,6 +431,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # never a traceback for a user; -v / --log-level debug logs it
+        logging.getLogger("wattwatch").debug("unexpected error", exc_info=True)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        sys.stderr.write(
+            f"wattwatch {args.command}: error: unexpected {type(exc).__name__}: {first}; rerun with "
+            "--log-level debug for details and report it\n"
+        )
+        return 1
+
+
+# Options taking a duration or a time; argparse reads "-5d" after them as an option and says only
+# "expected one argument".
+_TIME_OPTIONS = ("--since", "--until", "--time-window-past", "--time-window-future")
+
+
+def _negative_duration(argv: list[str]) -> str | None:
+    """The one-line error for a negative duration given as ``--since -5d``, else None."""
+    for flag, value in itertools.pairwise(argv):
+        if flag == "--":
+            return None
+        if flag in _TIME_OPTIONS and len(value) > 1 and value[0] == "-" and (value[1].isdigit() or value[1] == "."):
+            return f"{flag} {value}: negative durations are invalid; give how far back as a positive one, e.g. 5d"
+    return None
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
@@ -492,14 +552,27 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
-        from wattwatch.storage.migrate import upgrade
-
         if not settings.db_url:
             settings.home.mkdir(parents=True, exist_ok=True)
-        upgrade(settings.resolved_db_url)
-        print(f"wattwatch db: {settings.resolved_db_url} is at the current schema")
+        print(f"wattwatch db: {_upgrade_db(settings.resolved_db_url)}")
         return 0
     raise UsageError(f"unknown command {cmd!r}")
+
+
+def _upgrade_db(url: str) -> str:
+    """Migrate the database at ``url``; what was done, in words: created, upgraded, or already current."""
+    from wattwatch.storage.engine import display_url
+    from wattwatch.storage.migrate import current_revision, head_revision, upgrade
+
+    shown = display_url(url)
+    before = current_revision(url)
+    upgrade(url)
+    head = head_revision()
+    if before is None:
+        return f"created the schema (revision {head}) in {shown}"
+    if before == head:
+        return f"{shown} was already at the current schema (revision {head}); nothing to do"
+    return f"upgraded {shown} from revision {before} to {head}"
 
 
 def _check_simulate(n: int) -> None:
@@ -533,8 +606,19 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     report["jobs"] = [j for j in report["jobs"] if str(j["id"]).startswith("demo-")]
     print()
     print(render(report, "table"))
-    print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `wattwatch report`.")
+    print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `{_report_command(args)}`.")
     return 0
+
+
+def _report_command(args: argparse.Namespace) -> str:
+    """The ``wattwatch report`` that reads the database this command used."""
+    import shlex
+
+    if getattr(args, "db", None):
+        return f"wattwatch report --db {shlex.quote(args.db)}"
+    if args.home:
+        return f"wattwatch --home {shlex.quote(str(Path(args.home).expanduser()))} report"
+    return "wattwatch report"
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -106,14 +107,14 @@ def test_a_full_id_wins_and_an_unknown_reference_exits_2(jobs_db: str, capsys: p
     assert code == 2 and "no job 'ffff'" in err
 
 
-@pytest.fixture
-def collector(jobs_db: str, tmp_path: Path) -> Iterator[str]:
-    """A real collector process on the jobs database."""
+@contextmanager
+def running_collector(db_url: str, tmp_path: Path) -> Iterator[str]:
+    """A real collector process on ``db_url``; yields its base URL."""
     port = free_port()
     log = tmp_path / "collector.log"
     env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "chome")}
     proc = subprocess.Popen(
-        [*WATTWATCH, "collector", "--db", jobs_db, "--listen", f"127.0.0.1:{port}"],
+        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}"],
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
@@ -134,6 +135,12 @@ def collector(jobs_db: str, tmp_path: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def collector(jobs_db: str, tmp_path: Path) -> Iterator[str]:
+    with running_collector(jobs_db, tmp_path) as url:
+        yield url
 
 
 def test_a_collector_resolves_references_the_same_way(collector: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-job energy summaries",
         formatter_class=_fmt(),
         epilog="examples:\n  wattwatch report --since 7d\n"
+        "  wattwatch report --since 2026-11-30 --until 2026-12-01 --name 'llama-*' --label team=nlp\n"
         "  wattwatch report --job 3f2a9c1e         an id prefix as the table shows it, or a job name\n"
         "  wattwatch report --server http://collector:8470 --kind inference --format json\n"
         "  WATTWATCH_TOKEN_FILE=reader.token wattwatch report --server https://collector:8470 --ca-file ca.pem",
@@ -165,7 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--db", metavar="URL", help="read a database directly (default: the embedded one)")
     rep.add_argument("--job", metavar="REF", help="only this job: its id, a unique prefix of it, or its name")
     rep.add_argument("--kind", choices=JOB_KINDS, help="only jobs of this kind")
-    rep.add_argument("--since", metavar="DURATION", help="only jobs active in this window, e.g. 7d, 12h")
+    rep.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only jobs running or ended after WHEN: a duration back from now (90s, 15m, 12h, 7d) or a date "
+        "(2026-11-30, 2026-11-30T08:00Z); idle energy follows, in whole hours",
+    )
+    rep.add_argument("--until", metavar="WHEN", help="only jobs started before WHEN (as --since)")
+    rep.add_argument("--host", help="only jobs that ran on this host (and idle energy of this host)")
+    rep.add_argument("--name", metavar="GLOB", help="only jobs whose name matches this glob, e.g. 'llama-*'")
+    rep.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="only jobs with this label (K=V, or K for any value); repeatable, all must hold",
+    )
     rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
     _add_token(rep, "bearer token for --server: a reader token")
     _add_ca_file(rep)

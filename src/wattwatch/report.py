@@ -170,12 +170,29 @@ def _idle_rows(report: Mapping[str, Any]) -> list[list[str]]:
     return [[str(i["host"]), str(i["device"]), format_energy(i["energy_j"])] for i in report.get("idle", [])]
 
 
+def empty_message(report: Mapping[str, Any]) -> str:
+    """Why a report has no jobs: its filters match none (named), or the database holds none yet."""
+    filters = report.get("filters") or {}
+    if filters and report.get("jobs_recorded", True):
+        given = ", ".join(f"{k} {','.join(v) if isinstance(v, list) else v}" for k, v in filters.items())
+        return f"No jobs match these filters: {given}. Widen or drop them; `wattwatch report` alone lists every job."
+    return "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."
+
+
+def _idle_title(report: Mapping[str, Any]) -> str:
+    start, end = report.get("idle_from"), report.get("idle_until")
+    if not start and not end:
+        return "Idle energy (held by no job)"
+    window = f"from {start or 'the start'} to {end or 'now'}"
+    return f"Idle energy (held by no job), whole hours {window}"
+
+
 def _table(report: Mapping[str, Any]) -> str:
     header, rows = _rows(report)
-    parts = [_grid(header, rows) if rows else "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."]
+    parts = [_grid(header, rows) if rows else empty_message(report)]
     idle = _idle_rows(report)
     if idle:
-        parts += ["", "Idle energy (held by no job):", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
+        parts += ["", f"{_idle_title(report)}:", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
     if any("estimate" in (j.get("sources") or []) for j in report.get("jobs", [])):
         parts += ["", "Note: 'estimate' energy comes from a TDP model (no RAPL counter here), not a measurement."]
     return "\n".join(parts)
@@ -188,9 +205,11 @@ def _markdown(report: Mapping[str, Any]) -> str:
         return ["| " + " | ".join(h) + " |", "|" + "---|" * len(h)] + ["| " + " | ".join(r) + " |" for r in rs]
 
     lines = md(header, rows)
+    if not rows:
+        lines += ["", f"*{empty_message(report)}*"]
     idle = _idle_rows(report)
     if idle:
-        lines += ["", "**Idle energy**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
+        lines += ["", f"**{_idle_title(report)}**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
     return "\n".join(lines)
 
 

@@ -12,26 +12,48 @@ from typing import Any
 
 from wattwatch.cli_errors import RuntimeFailure, UsageError
 from wattwatch.config import Settings
-from wattwatch.units import parse_duration_s
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """``wattwatch report``: print the report in ``--format``."""
     from wattwatch.report import render
 
-    since_s = None
-    if args.since:
-        try:
-            since_s = time.time() - parse_duration_s(args.since)
-        except ValueError as exc:
-            raise UsageError(f"--since: {exc}") from None
+    now_s = time.time()
+    since_s = _when(args.since, "--since", now_s)
+    until_s = _when(args.until, "--until", now_s)
+    if since_s is not None and until_s is not None and since_s >= until_s:
+        raise UsageError(f"--since {args.since} is not before --until {args.until}; swap them or widen the window")
+    labels = parse_labels(args.label)
     if args.server:
-        params = {k: v for k, v in (("job", args.job), ("kind", args.kind), ("since", args.since)) if v}
+        params: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("job", args.job),
+                ("kind", args.kind),
+                ("since", args.since),
+                ("until", args.until),
+                ("host", args.host),
+                ("name", args.name),
+            )
+            if v
+        }
+        if args.label:
+            params["label"] = list(args.label)
         report = get_json(args.server, "/api/v1/report", settings, params=params)
     else:
         url = args.db or settings.resolved_db_url
-        report = local_report(url, settings, job_ref=args.job, since_s=since_s, kind=args.kind)
-    if args.job and not report["jobs"]:
+        report = local_report(
+            url,
+            settings,
+            job_ref=args.job,
+            since_s=since_s,
+            until_s=until_s,
+            kind=args.kind,
+            host=args.host,
+            name=args.name,
+            labels=labels,
+        )
+    if args.job and not report["jobs"] and _only_job(args):
         raise UsageError(
             f"no job {args.job!r} (an id, id prefix or name) in this database; list jobs with `wattwatch report`"
         )
@@ -39,9 +61,34 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def local_report(
-    url: str, settings: Settings, *, job_ref: str | None = None, since_s: float | None = None, kind: str | None = None
-) -> dict[str, Any]:
+def _only_job(args: argparse.Namespace) -> bool:
+    """Whether --job is the only filter (then finding nothing means the reference is wrong)."""
+    return not any((args.kind, args.since, args.until, args.host, args.name, args.label))
+
+
+def _when(text: str | None, flag: str, now_s: float) -> float | None:
+    from wattwatch.units import parse_time_s
+
+    if text is None:
+        return None
+    try:
+        return parse_time_s(text, now_s)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def parse_labels(items: list[str]) -> dict[str, str | None]:
+    """``--label K=V`` / ``--label K`` items as a dict (None: any value)."""
+    out: dict[str, str | None] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise UsageError(f"--label {item!r} has no key; use K=V (e.g. team=nlp) or K")
+        out[key] = value if sep else None
+    return out
+
+
+def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **filters: Any) -> dict[str, Any]:
     """The report read straight from the database at ``url``; ``job_ref`` resolved as ``job_refs`` says."""
     from wattwatch.storage.engine import check_ready
     from wattwatch.storage.job_refs import AmbiguousJob
@@ -56,14 +103,13 @@ def local_report(
             except AmbiguousJob as exc:
                 raise UsageError(str(exc)) from None
             if job_id is None:
-                return {"jobs": [], "idle": []}
+                return {"jobs": [], "idle": [], "filters": {"job": job_ref}, "jobs_recorded": True}
         return build_report(
             engine,
-            since_s=since_s,
             job_id=job_id,
-            kind=kind,
             grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
             pue=settings.pue,
+            **filters,
         )
     finally:
         engine.dispose()

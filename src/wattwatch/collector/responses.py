@@ -138,6 +138,12 @@ class Report(msgspec.Struct):
 
     jobs: list[JobEntry]
     idle: list[Idle]
+    filters: Annotated[
+        dict[str, str | list[str]], msgspec.Meta(description="the filters given (since/until as ISO times)")
+    ]
+    jobs_recorded: Annotated[bool, msgspec.Meta(description="whether the database holds any job at all")]
+    idle_from: Annotated[Timestamp | None, msgspec.Meta(description="idle energy counts whole hours from here")]
+    idle_until: Annotated[Timestamp | None, msgspec.Meta(description="... up to here")]
 
 
 class Health(msgspec.Struct):

@@ -15,9 +15,10 @@ answers (with ``phase`` and ``phase_of`` set).
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +60,14 @@ def _snapshot(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def _job_where(*, since_s: float | None, job_id: str | None, kind: str | None) -> list[ColumnElement[bool]]:
+def _job_where(
+    *,
+    since_s: float | None,
+    job_id: str | None,
+    kind: str | None,
+    until_s: float | None = None,
+    host: str | None = None,
+) -> list[ColumnElement[bool]]:
     if kind is not None and kind not in JOB_KINDS:
         raise ValueError(f"kind {kind!r} is not one of {', '.join(JOB_KINDS)}")
     # A phase is shown with its job; asked for by its own id, it answers.
@@ -67,11 +75,32 @@ def _job_where(*, since_s: float | None, job_id: str | None, kind: str | None) -
     if since_s is not None:
         # Jobs that ended after `since`, or that still run.
         where.append(or_(jobs.c.ended_at_s.is_(None), jobs.c.ended_at_s >= since_s))
+    if until_s is not None:
+        # Jobs that started before `until`: with `since`, the jobs active at some point in the window.
+        where.append(jobs.c.started_at_s < until_s)
     if job_id is not None:
         where.append(jobs.c.id == job_id)
     if kind is not None:
         where.append(jobs.c.kind == kind)
+    if host is not None:
+        on_host = (
+            select(job_hosts.c.job_id)
+            .select_from(job_hosts.join(hosts, job_hosts.c.host_id == hosts.c.id))
+            .where(hosts.c.name == host)
+        )
+        where.append(jobs.c.id.in_(on_host))
     return where
+
+
+def _matches(
+    name: str, labels: Mapping[str, Any] | None, name_glob: str | None, want: Mapping[str, str | None]
+) -> bool:
+    """A job's name against a shell glob (case-sensitive, as on every database) and its labels against
+    ``want`` (each key present; with the value, unless the value wanted is None)."""
+    if name_glob is not None and not fnmatch.fnmatchcase(name, name_glob):
+        return False
+    have = labels or {}
+    return all(k in have and (v is None or str(have[k]) == v) for k, v in want.items())
 
 
 def _job_entries(
@@ -238,30 +267,62 @@ def build_report(
     grid_intensity_g_per_kwh: float = 400.0,
     pue: float = 1.0,
     now_s: float | None = None,
+    until_s: float | None = None,
+    host: str | None = None,
+    name: str | None = None,
+    labels: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``.
+    """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``, plus
+    ``filters`` (those given, times as ISO) and ``jobs_recorded`` (whether the database holds any job at
+    all, so "nothing matches" and "nothing yet" read differently).
 
-    ``since_s`` keeps jobs that ended at or after it (or still run) and idle energy from the hour
-    containing it on. ``job_id`` narrows to one job, and idle to that job's hosts. Jobs are in start
-    order. ``now_s`` (default: the clock) is where a running job's duration ends.
+    ``since_s`` keeps jobs that ended at or after it (or still run), ``until_s`` those that started before
+    it; idle energy follows the same window in whole hours (the hour containing ``since_s`` on, hours
+    starting before ``until_s``: ``idle_from`` / ``idle_until``) and the ``host`` filter. ``job_id``
+    narrows to one job, and idle to that job's hosts. ``name`` is a shell glob on job names; ``labels``
+    must all be on the job (a None value: any value). Jobs are in start order. ``now_s`` (default: the
+    clock) is where a running job's duration ends.
     """
     now_s = time.time() if now_s is None else now_s
-    where = _job_where(since_s=since_s, job_id=job_id, kind=kind)
+    want = dict(labels or {})
+    where = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
     with _snapshot(engine) as conn:
-        entries = _job_entries(
-            conn,
-            select(jobs.c.id).where(*where),
-            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
-            pue=pue,
-            now_s=now_s,
-        )
+        job_ids: Select[Any] = select(jobs.c.id).where(*where)
+        if name is not None or want:
+            # Globs and JSON labels are matched here, the same on SQLite and PostgreSQL (LIKE differs in
+            # case, JSON operators in syntax); only the window's rows are read.
+            rows = conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.labels).where(*where)).all()
+            kept = [r.id for r in rows if _matches(r.name, r.labels, name, want)]
+            job_ids = select(jobs.c.id).where(jobs.c.id.in_(kept))
+        entries = _job_entries(conn, job_ids, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, pue=pue, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
-        idle = _idle(conn, since_s=since_s, host_names=idle_host_names)
-    return {"jobs": ordered, "idle": idle}
+        if host is not None:
+            idle_host_names = {host} if idle_host_names is None else idle_host_names & {host}
+        idle = _idle(conn, since_s=since_s, until_s=until_s, host_names=idle_host_names)
+        recorded = bool(ordered) or conn.execute(select(jobs.c.id).limit(1)).first() is not None
+    filters = {
+        "since": iso_utc(since_s),
+        "until": iso_utc(until_s),
+        "job": job_id,
+        "kind": kind,
+        "host": host,
+        "name": name,
+        "labels": [k if v is None else f"{k}={v}" for k, v in want.items()] or None,
+    }
+    return {
+        "jobs": ordered,
+        "idle": idle,
+        "filters": {k: v for k, v in filters.items() if v is not None},
+        "jobs_recorded": recorded,
+        "idle_from": iso_utc(hour_floor_s(since_s)) if since_s is not None else None,
+        "idle_until": iso_utc(math.ceil(until_s / 3600.0) * 3600.0) if until_s is not None else None,
+    }
 
 
-def _idle(conn: Connection, *, since_s: float | None, host_names: set[str] | None) -> list[dict[str, Any]]:
+def _idle(
+    conn: Connection, *, since_s: float | None, host_names: set[str] | None, until_s: float | None = None
+) -> list[dict[str, Any]]:
     stmt = (
         select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(idle_energy.c.energy_j))
         .select_from(
@@ -274,6 +335,8 @@ def _idle(conn: Connection, *, since_s: float | None, host_names: set[str] | Non
     )
     if since_s is not None:
         stmt = stmt.where(idle_energy.c.hour_s >= hour_floor_s(since_s))
+    if until_s is not None:
+        stmt = stmt.where(idle_energy.c.hour_s < until_s)
     if host_names is not None:
         stmt = stmt.where(hosts.c.name.in_(sorted(host_names)))
     return [

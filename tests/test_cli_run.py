@@ -3,6 +3,8 @@ at exit (from the collector the agent pushes to, or from ``--db``), whose id pre
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import subprocess
@@ -80,3 +82,23 @@ def test_run_keeps_stdout_for_the_command_and_its_exit_code(up: Up) -> None:
     assert out.returncode == 4
     assert out.stdout == "hi\n"
     assert " done: " not in out.stderr
+
+
+def test_a_job_that_held_no_gpu_says_why_at_exit_and_in_every_format(up: Up) -> None:
+    # The case: a training job with no CUDA_VISIBLE_DEVICES whose process never touches a GPU.
+    out = wattwatch_run(up, "--kind", "training", "--name", "no-gpu", "--", "sleep", "2")
+    assert out.returncode == 0, out.stderr
+    prefix = summary_prefix(out.stderr)
+    done = out.stderr.strip().splitlines()[-1]
+    assert "never appeared on a GPU and had no CUDA_VISIBLE_DEVICES" in done and "set CUDA_VISIBLE_DEVICES" in done
+    args = [*WATTWATCH, "report", "--db", up.db_url, "--job", prefix, "--format"]
+    formats = {
+        fmt: subprocess.run([*args, fmt], env=up.env, capture_output=True, text=True, timeout=60, check=True).stdout
+        for fmt in ("json", "csv", "table", "markdown")
+    }
+    (job,) = json.loads(formats["json"])["jobs"]
+    assert job["gpu_energy_j"] == 0 and "CUDA_VISIBLE_DEVICES" in job["reason"] and job["fix"]
+    (row,) = csv.DictReader(io.StringIO(formats["csv"]))
+    assert row["reason"] == job["reason"] and row["fix"] == job["fix"]
+    assert f"[1] {prefix}: {job['reason']}. Fix: {job['fix']}." in formats["table"]
+    assert f"- [1] {prefix}: {job['reason']}." in formats["markdown"]

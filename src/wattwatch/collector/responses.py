@@ -116,6 +116,8 @@ class JobEntry(msgspec.Struct):
     phases: list[Phase]
     phase: Literal["setup", "after"] | None
     phase_of: str | None
+    reason: Annotated[str | None, msgspec.Meta(description="why it shows 0 J or no GPU (null: nothing to explain)")]
+    fix: Annotated[str | None, msgspec.Meta(description="what to do about `reason`")]
 
 
 class JobList(msgspec.Struct):

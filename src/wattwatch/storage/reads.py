@@ -38,6 +38,7 @@ from wattwatch.storage.tables import (
     job_hosts,
     jobs,
 )
+from wattwatch.storage.zero_reasons import explain
 from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc
 
 DEFAULT_LIST_LIMIT = 100
@@ -134,7 +135,10 @@ def _job_entries(
     per_job_kind: dict[str, dict[str, float]] = {}
     per_job_devices: dict[str, set[str]] = {}
     per_job_sources: dict[str, set[str]] = {}
+    held_gpu: set[str] = set()
     for job_id, host, key, kind, energy_j, sources in energy_rows:
+        if kind == "gpu":
+            held_gpu.add(job_id)
         h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
         h["energy_j"] += energy_j
         by_kind = per_job_kind.setdefault(job_id, dict.fromkeys(DEVICE_KINDS, 0.0))
@@ -148,6 +152,10 @@ def _job_entries(
         h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
         h["peak_power_w"] = peak_power_w
 
+    on_host = devices.join(hosts, devices.c.host_id == hosts.c.id)
+    gpu_hosts = set(
+        conn.execute(select(hosts.c.name).distinct().select_from(on_host).where(devices.c.kind == "gpu")).scalars()
+    )
     entries: dict[str, dict[str, Any]] = {}
     for job in job_rows:
         by_kind = per_job_kind.get(job.id, dict.fromkeys(DEVICE_KINDS, 0.0))
@@ -198,6 +206,9 @@ def _job_entries(
             "phase": job.phase,
             "phase_of": job.phase_of,
         }
+        entry = entries[job.id]
+        # Why it shows 0 J or no GPU, and what to do (None when its figures need no explaining).
+        entry["reason"], entry["fix"] = explain(entry, gpu_hosts, held_gpu=job.id in held_gpu)
     return entries
 
 

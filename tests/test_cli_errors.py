@@ -86,6 +86,8 @@ def test_demo_suggests_a_report_that_reads_its_database(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert demo.returncode == 0, demo.stderr
+    # The demo prints its story; the collector's and agent's INFO lines stay out unless asked for.
+    assert " INFO " not in demo.stdout + demo.stderr
     match = re.search(r"see it again with `([^`]+)`", demo.stdout)
     assert match, demo.stdout
     suggested = shlex.split(match.group(1))
@@ -97,3 +99,15 @@ def test_demo_suggests_a_report_that_reads_its_database(tmp_path: Path) -> None:
     )
     assert report.returncode == 0, report.stderr
     assert "demo-" in report.stdout or "train" in report.stdout, report.stdout
+
+
+def test_logs_go_to_stderr_and_answers_to_stdout(tmp_path: Path) -> None:
+    import json
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "home")}
+    for argv in (["db", "upgrade", "--db", url], ["report", "--db", url, "--format", "json", "--log-level", "debug"]):
+        out = subprocess.run([*WATTWATCH, *argv], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["jobs"] == []
+    assert re.search(r" (DEBUG|INFO) ", out.stderr)  # asked for, and on stderr only

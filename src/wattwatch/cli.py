@@ -426,8 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    # Services log what they do; one-shot commands print their answer and only warnings besides.
-    quiet = args.command not in ("up", "demo", "collector", "agent")
+    # Services log what they do; one-shot commands (the demo too: it prints its own story and a table)
+    # print their answer and only warnings besides. Logs go to stderr, answers to stdout.
+    quiet = args.command not in ("up", "collector", "agent")
     level = logging.DEBUG if args.verbose else (logging.WARNING if quiet else logging.INFO)
     if args.log_level:
         level = getattr(logging, args.log_level.upper())

@@ -538,7 +538,9 @@ class Agent:
         # The intervals closed here belong to the jobs that held the devices until now: sample first,
         # then apply what this event changes.
         self._to_weigh = {}
-        intervals = self._hold_shared(self.sampler.sample(self._shares, at_s=event.t_s if boundary else None))
+        intervals = self._hold_shared(
+            self.sampler.sample(self._shares, at_s=event.t_s if boundary else None, final=event.kind == "stop")
+        )
         jobs: list[wire.Job] = []
         if event.kind == "start" and event.job is not None:
             active, _new = self.registry.start(event.job)

@@ -64,6 +64,9 @@ def test_run_says_the_job_id_at_start_and_a_summary_at_exit(up: Up) -> None:
     assert report.returncode == 0, report.stderr
     (job,) = json.loads(report.stdout)["jobs"]
     assert job["id"] == full_id and job["energy_j"] > 50  # an H100 idles at ~60-70 W for 1.5 s
+    # `run` stayed to print the summary after the job ended; it is no GPU process of the job's, so no after
+    # phase holds the GPU meanwhile (the simulator lists its pid for the job).
+    assert job["after_energy_j"] is None and job["phases"] == []
     from wattwatch.report import format_energy
 
     assert f"done: {format_energy(job['energy_j'])} in " in lines[-1]

@@ -105,3 +105,15 @@ def test_a_job_that_held_no_gpu_says_why_at_exit_and_in_every_format(up: Up) -> 
     assert row["reason"] == job["reason"] and row["fix"] == job["fix"]
     assert f"[1] {prefix}: {job['reason']}. Fix: {job['fix']}." in formats["table"]
     assert f"- [1] {prefix}: {job['reason']}." in formats["markdown"]
+
+
+STEPS = "import time, wattwatch\nfor _ in range(5):\n    with wattwatch.step():\n        time.sleep(0.2)\n"
+
+
+def test_the_summary_gives_energy_per_step_when_the_job_marks_steps(up: Up) -> None:
+    # The collector computes per-step energy in a pass every 10 s: the summary waits for it (bounded).
+    out = wattwatch_run(up, "--summary-wait", "60", "--kind", "training", "--", sys.executable, "-c", STEPS, cvd="1")
+    assert out.returncode == 0, out.stderr
+    done = out.stderr.strip().splitlines()[-1]
+    assert re.search(r"avg [0-9]+ W, [0-9.]+ k?J/step over 5 steps, on ", done), done
+    assert "still being computed" not in done

@@ -119,16 +119,27 @@ def _summary(args: argparse.Namespace, settings: Settings, job_id: str, reply: d
     entry: dict[str, Any] | None = None
     while True:
         entry = fetch(job_id)
-        if entry is not None and not entry.get("running"):
+        ended = entry is not None and not entry.get("running")
+        if ended and entry is not None and _settled(entry):
             break
         if time.monotonic() >= deadline:
-            _say(
-                f"job {job_id} summary pending: the collector did not hold its end within {args.summary_wait:g} s; "
-                f"see it later with `wattwatch report --job {job_id}`"
-            )
+            if ended and entry is not None:
+                # The end is stored; the per-query / per-step pass runs every few seconds on the collector.
+                _say(summary_line(entry) + " (J/query and J/step still being computed: see the report shortly)")
+            else:
+                _say(
+                    f"job {job_id} summary pending: the collector did not hold its end within "
+                    f"{args.summary_wait:g} s; see it later with `wattwatch report --job {job_id}`"
+                )
             return
         time.sleep(POLL_S)
+    assert entry is not None
     _say(summary_line(entry))
+
+
+def _settled(job: dict[str, Any]) -> bool:
+    """Whether the collector has computed the energy of every query and step the job marked."""
+    return all(int(job.get(f"{k}_settled") or 0) >= int(job.get(k) or 0) for k in ("queries", "steps"))
 
 
 def summary_line(job: dict[str, Any]) -> str:

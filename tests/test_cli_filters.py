@@ -79,7 +79,9 @@ def test_each_filter_selects_the_jobs_it_names(seeded: str, capsys: pytest.Captu
     assert ids(report(seeded, capsys)) == ["aaaa0001", "aaaa0002", "bbbb0001"]
     assert ids(report(seeded, capsys, "--since", "1d")) == ["aaaa0002", "bbbb0001"]
     assert ids(report(seeded, capsys, "--until", "1d")) == ["aaaa0001"]
-    assert ids(report(seeded, capsys, "--since", "1d", "--until", "150m")) == ["aaaa0002"]
+    # Between the starts of aaaa0002 (3 h before this hour) and bbbb0001 (2 h before), whatever the minute.
+    between = datetime.fromtimestamp(NOW_HOUR - 2.5 * HOUR, tz=UTC).strftime("%Y-%m-%dT%H:%MZ")
+    assert ids(report(seeded, capsys, "--since", "1d", "--until", between)) == ["aaaa0002"]
     assert ids(report(seeded, capsys, "--host", "h1")) == ["aaaa0001", "bbbb0001"]
     assert ids(report(seeded, capsys, "--name", "llama-*")) == ["aaaa0001", "aaaa0002"]
     assert ids(report(seeded, capsys, "--name", "LLAMA-*")) == []  # case-sensitive on both databases
@@ -175,7 +177,7 @@ def test_a_collector_filters_as_the_database_does(
     cases = [
         [],
         ["--since", "1d"],
-        ["--since", day_ago, "--until", "150m"],
+        ["--since", day_ago, "--until", "2h"],
         ["--host", "h1"],
         ["--name", "llama-*"],
         ["--label", "team=nlp", "--label", "tier"],

@@ -605,8 +605,16 @@ class Agent:
             intervals=intervals,
             jobs=jobs,
             marks=self.sampler.marks_at(intervals),
-            open_jobs=(self.sampler.last_t_s, self._pid_starts.marks(self.registry.snapshot())),
+            open_jobs=(self._settled_t_s(), self._pid_starts.marks(self.registry.snapshot())),
         )
+
+    def _settled_t_s(self) -> float:
+        """The time up to which every device's intervals are handed over: the checkpoint's jobs are open
+        as of then, so a job a restart ends "when last seen" ends where its sent energy ends (an interval
+        the sampler or the backfill still held is lost with the agent and bridged as idle)."""
+        held_s = self._backfill.held_from_s()
+        settled_s = self.sampler.settled_t_s
+        return settled_s if held_s is None else min(settled_s, held_s)
 
     # -- restarts ------------------------------------------------------------------------------------
 

@@ -403,6 +403,8 @@ class Agent:
         self.refused.add(dropped)
         t_s = self._put(_Event("start", 0.0, job=job), hook=lambda t: self._hook_start(job, t))
         reply: dict[str, Any] = {"ok": True, "id": job.id, "t_s": t_s, "host": self.host, "devices": devices}
+        # Where the job's figures land: `wattwatch run` asks there for its summary.
+        reply["collector"] = self.settings.collector_url
         if warning:
             reply["warning"] = warning
         return reply

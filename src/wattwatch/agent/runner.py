@@ -87,7 +87,7 @@ class WorkloadHook(Protocol):
 
 @dataclass
 class _Event:
-    kind: str  # tick | fine | start | end | stop
+    kind: str  # tick | fine | start | end | stop | sync
     t_s: float
     job: ActiveJob | None = None
     job_id: str = ""
@@ -499,6 +499,13 @@ class Agent:
         self._put(_Event("tick", 0.0, done=done, scheduled=stage))
         return done.wait(wait_s)
 
+    def drain(self, wait_s: float = 10.0) -> bool:
+        """Wait at most ``wait_s`` until every event queued before this call has been handled (a job's
+        start or end answered on the socket is handled after its answer); True when they were."""
+        done = threading.Event()
+        self._put(_Event("sync", 0.0, done=done))
+        return done.wait(wait_s)
+
     def _work(self) -> None:
         # The worker is its own clock: it enqueues the schedule's ticks when they are due (behind the events
         # already queued, in time order), on a fixed grid; a tick that comes due while one is still being
@@ -517,7 +524,9 @@ class Agent:
             try:
                 # A fine tick with events queued behind it is dropped: read now, it would land after their
                 # boundaries and move them onto its own (counter-stale) reading; the next one comes soon.
-                if event.kind != "fine" or self._events.empty():
+                if event.kind == "sync":
+                    pass  # drain(): nothing to do but mark the events before it handled
+                elif event.kind != "fine" or self._events.empty():
                     self._process(event)
             except Exception:
                 log.exception("agent worker failed on a %s event; continuing", event.kind)

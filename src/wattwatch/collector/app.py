@@ -26,6 +26,7 @@ from wattwatch.collector import contract
 from wattwatch.collector.auth import DEFAULT_REFRESH_S, Authenticator
 from wattwatch.collector.bodies import OPENAPI_BODIES
 from wattwatch.collector.errors import ApiError, InternalErrorMiddleware
+from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.routes import Context, build_router
@@ -73,8 +74,15 @@ def create_app(
     registry, ingest_metrics = build_registry(db, settings, clock, leader)
     span_energy = SpanEnergyScheduler(db, clock=clock, interval_s=span_energy_interval_s, settle_s=span_energy_settle_s)
     silent_hosts = SilentHostScheduler(db, clock=clock, silent_after_s=settings.host_silent_after_s)
+    writer = GroupCommitter(db)
     ctx = Context(
-        settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock, span_energy=span_energy
+        settings=settings,
+        engine=db,
+        registry=registry,
+        ingest=ingest_metrics,
+        clock=clock,
+        span_energy=span_energy,
+        writer=writer,
     )
 
     auth = Authenticator(
@@ -90,6 +98,7 @@ def create_app(
             yield
         finally:
             # Off the event loop: the last pass talks to the database and may take a moment.
+            await asyncio.to_thread(writer.stop)
             await asyncio.to_thread(silent_hosts.stop)
             await asyncio.to_thread(span_energy.stop)
             leader.close()

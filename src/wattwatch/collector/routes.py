@@ -22,6 +22,7 @@ from wattwatch.collector import contract
 from wattwatch.collector.auth import Authenticator, Principal
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
 from wattwatch.collector.errors import ApiError
+from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.collector.metrics import IngestMetrics
 from wattwatch.collector.span_scheduler import SpanEnergyScheduler
 from wattwatch.config import Settings
@@ -48,6 +49,8 @@ class Context:
     ingest: IngestMetrics
     clock: Callable[[], float]
     span_energy: SpanEnergyScheduler
+    # Ingest goes through group commit: concurrent batches share one transaction (collector.group_commit).
+    writer: GroupCommitter
 
 
 async def _raw_body(request: Request) -> bytes:
@@ -182,7 +185,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             ctx.ingest.errors.inc()
             raise
         try:
-            result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
+            result = ctx.writer.submit(batch, received_at_s=ctx.clock())
         except (repository.AgentIdTaken, repository.KeyReused) as exc:
             ctx.ingest.errors.inc()
             raise _conflict(exc) from None

@@ -53,6 +53,7 @@ def create_app(
     local_token: str = "",
     auth_required: bool = False,
     token_refresh_s: float = DEFAULT_REFRESH_S,
+    periodic: bool = True,
 ) -> FastAPI:
     """The collector app for ``settings``; stores into ``engine`` (default: one for ``settings.resolved_db_url``).
 
@@ -67,6 +68,9 @@ def create_app(
     Identity (``collector.auth``): ``settings.token`` is a static admin token, ``local_token`` the
     in-process agent's of ``wattwatch up``; ``auth_required`` demands a token even while none exists (a
     collector listening beyond loopback); the database's tokens are re-read every ``token_refresh_s``.
+
+    ``periodic=False`` runs neither periodic pass (span energy, silent hosts): the other worker processes
+    of ``wattwatch collector --workers N`` leave them to worker 0.
     """
     owns_engine = engine is None
     db = make_engine(settings.resolved_db_url) if engine is None else engine
@@ -92,8 +96,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(auth.preload)
-        span_energy.start()
-        silent_hosts.start()
+        if periodic:
+            span_energy.start()
+            silent_hosts.start()
         try:
             yield
         finally:

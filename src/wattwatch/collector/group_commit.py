@@ -38,7 +38,7 @@ RETRIES = 3
 @dataclass
 class _Request:
     pending: Pending
-    future: Future[Outcome] = field(default_factory=Future)
+    future: Future[IngestResult] = field(default_factory=Future)
 
 
 class GroupCommitter:
@@ -64,10 +64,7 @@ class GroupCommitter:
                 self._start()
             self._queue.append(request)
             self._cond.notify()
-        outcome = request.future.result()
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        return request.future.result()
 
     def stop(self) -> None:
         """Finish what is queued, then stop the writer threads (a later ``submit`` starts them again)."""
@@ -104,31 +101,36 @@ class GroupCommitter:
 
     def _loop(self) -> None:
         while (group := self._take()) is not None:
-            self._store(group)
+            try:
+                outcomes = self.store_group([r.pending for r in group])
+            except BaseException as exc:  # never leave a request waiting
+                outcomes = [exc if isinstance(exc, Exception) else RuntimeError(str(exc))] * len(group)
+            for request, outcome in zip(group, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    request.future.set_exception(outcome)
+                else:
+                    request.future.set_result(outcome)
 
-    def _store(self, group: list[_Request]) -> None:
+    def store_group(self, group: list[Pending]) -> list[Outcome | Exception]:
+        """Store ``group`` in one transaction; when that fails, each batch alone. One outcome per batch: an
+        IngestResult, or what refused it (AgentIdTaken, KeyReused, the database's error)."""
         for attempt in range(RETRIES + 1):
             try:
-                outcomes = ingest_many(self._engine, [r.pending for r in group])
+                outcomes: list[Outcome | Exception] = list(ingest_many(self._engine, group))
             except DBAPIError as exc:
                 sqlstate = getattr(exc.orig, "sqlstate", None)
                 if sqlstate in RETRY_SQLSTATES and attempt < RETRIES:
                     log.info("group of %d batches retried after %s", len(group), sqlstate)
                     continue
-                self._isolate(group, exc)
-                return
+                return self._isolate(group, exc)
             except Exception as exc:  # anything else: find the batch that fails alone
-                self._isolate(group, exc)
-                return
+                return self._isolate(group, exc)
             self.groups += 1
-            for request, outcome in zip(group, outcomes, strict=True):
-                request.future.set_result(outcome)
-            return
+            return outcomes
+        raise AssertionError("unreachable")
 
-    def _isolate(self, group: list[_Request], exc: Exception) -> None:
+    def _isolate(self, group: list[Pending], exc: Exception) -> list[Outcome | Exception]:
         if len(group) == 1:
-            group[0].future.set_exception(exc)
-            return
+            return [exc]
         log.warning("a group of %d batches failed (%s); storing each alone", len(group), exc)
-        for request in group:
-            self._store([request])
+        return [self.store_group([pending])[0] for pending in group]

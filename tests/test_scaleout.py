@@ -93,8 +93,7 @@ def collectors(pg_url: str, tmp_path: Path) -> Iterator[tuple[list[str], subproc
     ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
-        for url in urls:
-            wait_for(lambda url=url: ready(url), 60, f"collector at {url}")
+        wait_for(lambda: all(ready(url) for url in urls), 60, f"collectors at {urls}")
         yield urls, procs[0]
     finally:
         for p in procs:

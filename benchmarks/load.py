@@ -543,7 +543,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             proc, port = start_collector(db.url, args.workers, tmp)
             collector = CpuMeter(lambda: process_tree(proc.pid))
-            meters = [collector]
+            client = CpuMeter(lambda: [os.getpid()])
+            meters = [collector, client]
             backends = None
             if db.backend == "postgresql":
                 backends = CpuMeter(lambda: pg_backend_pids(db))
@@ -585,6 +586,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sent_rows": sent * ticks * len(DEVICES),
         "collector_cpu": collector.seconds / result.seconds,
         "backend_cpu": backends.seconds / result.seconds if backends is not None else None,
+        "client_cpu": client.seconds / result.seconds,
         "ceilings": ceilings,
     }
 
@@ -620,8 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         paragraph(
             f"**Collector under load** ({args.db}, {args.workers} worker(s), {who}, {r['ticks'] * len(DEVICES)}"
-            f" intervals per batch, {res.seconds:.0f} s over loopback HTTP). CPU in cores; ceiling: the same rows"
-            " written raw in the same run (psycopg COPY / sqlite3 executemany, a commit per batch)."
+            f" intervals per batch, {res.seconds:.0f} s over loopback HTTP). CPU in cores (load: this benchmark's"
+            " own simulated agents); ceiling: the same rows written raw in the same run (psycopg COPY / sqlite3"
+            " executemany, a commit per batch)."
         )
     )
     header = [
@@ -635,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stored/sent",
         "collector CPU",
         "PG backends CPU",
+        "load CPU",
         "ceiling rows/s",
         "ratio",
     ]
@@ -649,6 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{r['stored']}/{r['sent_rows']}",
         f"{r['collector_cpu']:.2f}",
         f"{r['backend_cpu']:.2f}" if r["backend_cpu"] is not None else "-",
+        f"{r['client_cpu']:.2f}",
         ceiling,
         f"{rate / best:.2f}",
     ]

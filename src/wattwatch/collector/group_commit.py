@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from wattwatch import wire
-from wattwatch.storage.group_ingest import IngestResult, Outcome, Pending, ingest_many
+from wattwatch.storage.group_ingest import DeviceCache, IngestResult, Outcome, Pending, ingest_many
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class GroupCommitter:
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self.groups = 0  # transactions committed (for tests and the curious)
+        self._caches = threading.local()
 
     def submit(self, batch: wire.Batch, received_at_s: float) -> IngestResult:
         """Store ``batch`` (with the others queued now); raise what refused it (AgentIdTaken, KeyReused,
@@ -116,7 +117,7 @@ class GroupCommitter:
         IngestResult, or what refused it (AgentIdTaken, KeyReused, the database's error)."""
         for attempt in range(RETRIES + 1):
             try:
-                outcomes: list[Outcome | Exception] = list(ingest_many(self._engine, group))
+                outcomes: list[Outcome | Exception] = list(ingest_many(self._engine, group, self._cache()))
             except DBAPIError as exc:
                 sqlstate = getattr(exc.orig, "sqlstate", None)
                 if sqlstate in RETRY_SQLSTATES and attempt < RETRIES:
@@ -128,6 +129,13 @@ class GroupCommitter:
             self.groups += 1
             return outcomes
         raise AssertionError("unreachable")
+
+    def _cache(self) -> DeviceCache:
+        # One per thread: a cache stages the ids of its thread's running transaction.
+        cache = getattr(self._caches, "cache", None)
+        if cache is None:
+            cache = self._caches.cache = DeviceCache()
+        return cache
 
     def _isolate(self, group: list[Pending], exc: Exception) -> list[Outcome | Exception]:
         if len(group) == 1:

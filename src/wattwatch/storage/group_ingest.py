@@ -13,6 +13,7 @@ each batch alone, so only a batch that fails by itself is refused.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,22 +54,67 @@ class Pending:
 
 
 Outcome = IngestResult | AgentIdTaken | KeyReused
+DeviceRows = tuple[tuple[Any, ...], ...]
 
 
-def ingest_many(engine: Engine, items: Sequence[Pending]) -> list[Outcome]:
+class DeviceCache:
+    """Device ids per host as last committed, with the descriptions they were stored with.
+
+    An agent sends its devices in every batch; they change about never. A host whose batch describes its
+    devices exactly as cached needs no devices upsert (a statement and ten row versions per batch). Only
+    committed ids enter the cache (``commit``), so a rolled-back group leaves nothing behind; nothing
+    deletes devices, so a cached id stays valid.
+    """
+
+    def __init__(self) -> None:
+        self._hosts: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
+        self._staged: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, host_id: int, described: DeviceRows) -> dict[str, int] | None:
+        """The host's device ids when ``described`` is what was stored, else None."""
+        with self._lock:
+            found = self._hosts.get(host_id)
+        return found[1] if found is not None and found[0] == described else None
+
+    def stage(self, host_id: int, described: DeviceRows, ids: dict[str, int]) -> None:
+        """Remember ids written by the running transaction, for ``commit``."""
+        self._staged[host_id] = (described, ids)
+
+    def commit(self) -> None:
+        """The transaction committed: its staged ids are valid."""
+        with self._lock:
+            self._hosts.update(self._staged)
+        self._staged = {}
+
+    def rollback(self) -> None:
+        """The transaction rolled back: forget what it staged."""
+        self._staged = {}
+
+
+def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
     """Store ``items`` in one write transaction; one outcome per item, in order.
 
     An outcome is an IngestResult, or the AgentIdTaken/KeyReused that refused that batch alone (it wrote
-    nothing). Any other error rolls back the whole group and raises.
+    nothing). Any other error rolls back the whole group and raises. ``cache`` (one per writer thread)
+    saves the devices upsert for hosts whose devices did not change.
     """
     # Imported here: repository imports this module for ingest_batch.
     from wattwatch.storage.repository import write_transaction
 
-    with write_transaction(engine) as conn:
-        return ingest_many_in(conn, items)
+    try:
+        with write_transaction(engine) as conn:
+            outcomes = ingest_many_in(conn, items, cache)
+    except BaseException:
+        if cache is not None:
+            cache.rollback()
+        raise
+    if cache is not None:
+        cache.commit()
+    return outcomes
 
 
-def ingest_many_in(conn: Connection, items: Sequence[Pending]) -> list[Outcome]:
+def ingest_many_in(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
     """``ingest_many`` inside the caller's transaction ``conn``."""
     outcomes: list[Outcome | None] = [None] * len(items)
     owners = _claim_agent_ids(conn, items)
@@ -78,7 +124,7 @@ def ingest_many_in(conn: Connection, items: Sequence[Pending]) -> list[Outcome]:
             outcomes[i] = AgentIdTaken(item.batch.agent_id, owner, item.batch.host)
     new = _claim_batches(conn, items, outcomes)
     if new:
-        _store(conn, [items[i] for i in new])
+        _store(conn, [items[i] for i in new], cache)
         for i in new:
             outcomes[i] = IngestResult(duplicate=False, n_intervals=len(items[i].batch.intervals))
     return [o if o is not None else IngestResult(duplicate=True, n_intervals=0) for o in outcomes]
@@ -153,13 +199,13 @@ def _claim_batches(conn: Connection, items: Sequence[Pending], outcomes: list[Ou
     return new
 
 
-def _store(conn: Connection, items: Sequence[Pending]) -> None:
+def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None) -> None:
     """Write the new batches: hosts, devices, jobs, raw intervals and the rollups, one statement per table."""
     # Imported here: repository imports this module.
     from wattwatch.storage import repository as repo
 
     host_ids = _upsert_hosts(conn, items)
-    device_ids = _upsert_devices(conn, items, host_ids)
+    device_ids = _upsert_devices(conn, items, host_ids, cache)
     _upsert_jobs(conn, items)
 
     interval_rows: list[tuple[Any, ...]] = []
@@ -241,21 +287,27 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
     return {str(name): int(host_id) for name, host_id in rows}
 
 
-def _upsert_devices(conn: Connection, items: Sequence[Pending], host_ids: dict[str, int]) -> dict[int, dict[str, int]]:
-    rows: dict[tuple[int, str], dict[str, Any]] = {}
+def _upsert_devices(
+    conn: Connection, items: Sequence[Pending], host_ids: dict[str, int], cache: DeviceCache | None
+) -> dict[int, dict[str, int]]:
+    described: dict[int, dict[str, tuple[Any, ...]]] = {}
     for item in items:  # a later batch's description of a device wins, as across transactions
-        host_id = host_ids[item.batch.host]
+        host = described.setdefault(host_ids[item.batch.host], {})
         for d in item.batch.devices:
-            rows[(host_id, d.key)] = {
-                "host_id": host_id,
-                "key": d.key,
-                "kind": d.kind,
-                "index": d.index,
-                "uuid": d.uuid,
-                "model": d.model,
-                "power_limit_w": d.power_limit_w,
-            }
-    if rows:
+            host[d.key] = (d.key, d.kind, d.index, d.uuid, d.model, d.power_limit_w)
+    out: dict[int, dict[str, int]] = {}
+    todo: dict[int, DeviceRows] = {}
+    for host_id, devs in described.items():
+        rows = tuple(devs[k] for k in sorted(devs))
+        cached = cache.get(host_id, rows) if cache is not None else None
+        if cached is not None:
+            out[host_id] = cached
+        else:
+            todo[host_id] = rows
+    if not todo:
+        return out
+    upserts = [(host_id, row) for host_id, rows in sorted(todo.items()) for row in rows]
+    if upserts:
         stmt = upsert(conn, devices)
         conn.execute(
             stmt.on_conflict_do_update(
@@ -268,14 +320,22 @@ def _upsert_devices(conn: Connection, items: Sequence[Pending], host_ids: dict[s
                     "power_limit_w": stmt.excluded.power_limit_w,
                 },
             ),
-            [rows[k] for k in sorted(rows)],
+            [
+                dict(zip(("host_id", "key", "kind", "index", "uuid", "model", "power_limit_w"), (h, *r), strict=True))
+                for h, r in upserts
+            ],
         )
-    ids = sorted(set(host_ids.values()))
-    out: dict[int, dict[str, int]] = {h: {} for h in ids}
+    ids = sorted(todo)
+    found: dict[int, dict[str, int]] = {h: {} for h in ids}
     for host_id, key, device_id in conn.execute(
         select(devices.c.host_id, devices.c.key, devices.c.id).where(devices.c.host_id.in_(ids))
     ):
-        out[int(host_id)][str(key)] = int(device_id)
+        found[int(host_id)][str(key)] = int(device_id)
+    for host_id in ids:
+        # Cached only when the host's stored devices are exactly the ones described (none left from before).
+        if cache is not None and len(found[host_id]) == len(todo[host_id]):
+            cache.stage(host_id, todo[host_id], found[host_id])
+    out.update(found)
     return out
 
 

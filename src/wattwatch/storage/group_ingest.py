@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, select, tuple_
 
 from wattwatch import wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
-from wattwatch.storage.dialect import append_rows, greatest, upsert
+from wattwatch.storage.dialect import append_rows, greatest, upsert, upsert_rows
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
 from wattwatch.storage.spans import record_spans, record_ticks_many
 from wattwatch.storage.tables import agents, devices, energy_intervals, hosts, ingested_batches
@@ -139,10 +139,12 @@ def _claim_agent_ids(conn: Connection, items: Sequence[Pending]) -> dict[str, st
     known = dict(conn.execute(select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(ids))).all())
     unknown = [a for a in ids if a not in known]
     if unknown:
-        conn.execute(
-            upsert(conn, agents).on_conflict_do_nothing(index_elements=[agents.c.agent_id]),
+        stmt, params = upsert_rows(
+            conn,
+            agents,
             [{"agent_id": a, "host": first_host[a][0], "first_seen_s": first_host[a][1]} for a in unknown],
         )
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=[agents.c.agent_id]), params)
         # Read after the insert: under a race, PostgreSQL's ON CONFLICT waited for the other insert to commit.
         stmt = select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(unknown))
         known.update(dict(conn.execute(stmt).all()))
@@ -173,8 +175,9 @@ def _claim_batches(conn: Connection, items: Sequence[Pending], outcomes: list[Ou
         for key, i in sorted(first.items())
     ]
     # One INSERT .. ON CONFLICT DO NOTHING RETURNING for the group; the keys it returns are the new ones.
-    stmt = upsert(conn, ib).on_conflict_do_nothing().returning(ib.c.agent_id, ib.c.seq)
-    stored = {(str(a), int(s)) for a, s in conn.execute(stmt, rows).all()}
+    stmt, params = upsert_rows(conn, ib, rows)
+    stmt = stmt.on_conflict_do_nothing().returning(ib.c.agent_id, ib.c.seq)
+    stored = {(str(a), int(s)) for a, s in conn.execute(stmt, params).all()}
     stored_sha: dict[tuple[str, int], str | None] = {k: items[first[k]].body_sha256 for k in stored}
     before = [k for k in first if k not in stored]
     if before:
@@ -269,7 +272,14 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
         b = item.batch
         if b.host not in latest or item.received_at_s >= latest[b.host][1]:
             latest[b.host] = (b.agent_id, item.received_at_s)
-    stmt = upsert(conn, hosts)
+    stmt, params = upsert_rows(
+        conn,
+        hosts,
+        [
+            {"name": name, "agent_id": agent_id, "first_seen_s": seen_s, "last_seen_s": seen_s}
+            for name, (agent_id, seen_s) in sorted(latest.items())
+        ],
+    )
     conn.execute(
         stmt.on_conflict_do_update(
             index_elements=[hosts.c.name],
@@ -278,10 +288,7 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
                 "agent_id": stmt.excluded.agent_id,
             },
         ),
-        [
-            {"name": name, "agent_id": agent_id, "first_seen_s": seen_s, "last_seen_s": seen_s}
-            for name, (agent_id, seen_s) in sorted(latest.items())
-        ],
+        params,
     )
     rows = conn.execute(select(hosts.c.name, hosts.c.id).where(hosts.c.name.in_(sorted(latest)))).all()
     return {str(name): int(host_id) for name, host_id in rows}

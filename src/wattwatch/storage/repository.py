@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, 
 from wattwatch import wire
 from wattwatch.accounting.rollup import JobHostTotals
 from wattwatch.limits import REASON_ORDER, BoundError
-from wattwatch.storage.dialect import append_token, greatest, least, upsert
+from wattwatch.storage.dialect import append_token, greatest, least, upsert, upsert_rows
 from wattwatch.storage.engine import WRITE_TX
 from wattwatch.storage.group_ingest import IngestResult, Pending, ingest_many
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_span_post
@@ -324,7 +324,11 @@ def add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, float
     rows = sorted(rows)
     if not rows:
         return
-    stmt = upsert(conn, job_device_energy)
+    stmt, params = upsert_rows(
+        conn,
+        job_device_energy,
+        [{"job_id": j, "device_id": d, "energy_j": e, "max_power_w": p, "sources": s[0]} for j, d, e, p, s in rows],
+    )
     new = stmt.excluded
     conn.execute(
         stmt.on_conflict_do_update(
@@ -335,7 +339,7 @@ def add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, float
                 "sources": append_token(job_device_energy.c.sources, new.sources),
             },
         ),
-        [{"job_id": j, "device_id": d, "energy_j": e, "max_power_w": p, "sources": s[0]} for j, d, e, p, s in rows],
+        params,
     )
     # Rare: one device changed source within a batch (a counter reset bridged from power readings).
     extra = [{"j": j, "d": d, "s": src} for j, d, _, _, s in rows for src in s[1:]]
@@ -353,7 +357,22 @@ def add_job_hosts(conn: Connection, totals: dict[tuple[str, int], JobHostTotals]
     """Merge per (job, host) totals into ``job_hosts``: peak, first and last seen, and power now."""
     if not totals:
         return
-    stmt = upsert(conn, job_hosts)
+    stmt, params = upsert_rows(
+        conn,
+        job_hosts,
+        [
+            {
+                "job_id": job_id,
+                "host_id": host_id,
+                "peak_power_w": t.peak_power_w,
+                "first_s": t.first_s,
+                "last_s": max(t.last_s, t.first_s),
+                "power_w": t.recent_power_w,
+                "power_at_s": t.recent_at_s,
+            }
+            for (job_id, host_id), t in sorted(totals.items())
+        ],
+    )
     new = stmt.excluded
     newer_power = and_(
         new.power_at_s.is_not(None),
@@ -371,18 +390,7 @@ def add_job_hosts(conn: Connection, totals: dict[tuple[str, int], JobHostTotals]
                 "power_at_s": case((newer_power, new.power_at_s), else_=job_hosts.c.power_at_s),
             },
         ),
-        [
-            {
-                "job_id": job_id,
-                "host_id": host_id,
-                "peak_power_w": t.peak_power_w,
-                "first_s": t.first_s,
-                "last_s": max(t.last_s, t.first_s),
-                "power_w": t.recent_power_w,
-                "power_at_s": t.recent_at_s,
-            }
-            for (job_id, host_id), t in sorted(totals.items())
-        ],
+        params,
     )
 
 
@@ -390,11 +398,13 @@ def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
     """Add idle energy per (device, hour) onto ``idle_energy``."""
     if not rows:
         return
-    stmt = upsert(conn, idle_energy)
+    stmt, params = upsert_rows(
+        conn, idle_energy, [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)]
+    )
     conn.execute(
         stmt.on_conflict_do_update(
             index_elements=[idle_energy.c.device_id, idle_energy.c.hour_s],
             set_={"energy_j": idle_energy.c.energy_j + stmt.excluded.energy_j},
         ),
-        [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)],
+        params,
     )

@@ -59,13 +59,17 @@ class GroupCommitter:
     def submit(self, batch: wire.Batch, received_at_s: float) -> IngestResult:
         """Store ``batch`` (with the others queued now); raise what refused it (AgentIdTaken, KeyReused,
         a database error)."""
-        request = _Request(Pending(batch, received_at_s))
+        return self.submit_future(Pending(batch, received_at_s)).result()
+
+    def submit_future(self, pending: Pending) -> Future[IngestResult]:
+        """Queue a batch; the future holds its IngestResult or what refused it."""
+        request = _Request(pending)
         with self._cond:
             if not self._threads:
                 self._start()
             self._queue.append(request)
             self._cond.notify()
-        return request.future.result()
+        return request.future
 
     def stop(self) -> None:
         """Finish what is queued, then stop the writer threads (a later ``submit`` starts them again)."""

@@ -7,6 +7,7 @@ msgspec (``wattwatch.wire``), which names the offending field of a bad body.
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 
 from wattwatch import limits, wire
 from wattwatch.collector import contract
@@ -29,6 +31,7 @@ from wattwatch.config import Settings
 from wattwatch.errors import StorageError
 from wattwatch.storage import repository
 from wattwatch.storage.engine import check_schema
+from wattwatch.storage.group_ingest import Pending
 from wattwatch.units import JOB_KINDS, parse_duration_s
 
 T = TypeVar("T")
@@ -157,9 +160,26 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         response_model=None,
         tags=["agents"],
     )
-    def ingest(who: Writer, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
+    async def ingest(who: Writer, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
         """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq); an agent id belongs to
         the first host that pushed it, and a key reused with other content is a 409."""
+        # Async, unlike the other routes: a request waiting for its group's commit holds no thread (a
+        # thousand agents would otherwise queue behind the thread pool's 40). Decoding runs on the pool.
+        pending = await run_in_threadpool(_checked_batch, who, body, content_encoding)
+        try:
+            result = await asyncio.wrap_future(ctx.writer.submit_future(pending))
+        except (repository.AgentIdTaken, repository.KeyReused) as exc:
+            ctx.ingest.errors.inc()
+            raise _conflict(exc) from None
+        if result.duplicate:
+            ctx.ingest.duplicates.inc()
+        else:
+            ctx.ingest.batches.inc()
+            ctx.ingest.intervals.inc(result.n_intervals)
+        return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
+
+    def _checked_batch(who: Principal, body: bytes, content_encoding: str | None) -> Pending:
+        """The request's batch, decoded, checked (415, 413, 422, 403 otherwise) and hashed."""
         encoding = (content_encoding or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
             ctx.ingest.errors.inc()
@@ -184,17 +204,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         except limits.BoundError:
             ctx.ingest.errors.inc()
             raise
-        try:
-            result = ctx.writer.submit(batch, received_at_s=ctx.clock())
-        except (repository.AgentIdTaken, repository.KeyReused) as exc:
-            ctx.ingest.errors.inc()
-            raise _conflict(exc) from None
-        if result.duplicate:
-            ctx.ingest.duplicates.inc()
-        else:
-            ctx.ingest.batches.inc()
-            ctx.ingest.intervals.inc(result.n_intervals)
-        return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
+        return Pending(batch, received_at_s=ctx.clock())
 
     @router.post(
         "/api/v1/jobs",

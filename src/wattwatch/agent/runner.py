@@ -35,6 +35,7 @@ import msgspec
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from wattwatch import wire
+from wattwatch.agent.backfill import Backfill
 from wattwatch.agent.discover import ProcessClassifier
 from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
 from wattwatch.agent.kubelet import KubeletPods, PodLookup
@@ -250,6 +251,8 @@ class Agent:
                 self.tracker.weigh, lambda ivs: self.outbox.add(intervals=ivs, marks=self.sampler.marks_at(ivs))
             )
         self._to_weigh: dict[str, tuple[str, ...]] = {}  # GPUs closed this sample with several holders
+        self._backfill = Backfill()
+        self._gpu_keys = frozenset(k for k, d in self.sampler.devices.items() if d.kind == "gpu")
         self._worker = threading.Thread(target=self._work, name="wattwatch-sampler", daemon=True)
         self._ticking = False  # the worker ticks on its own schedule once started
         if not 0 < settings.push_interval_s < math.inf:
@@ -536,18 +539,28 @@ class Agent:
         # The intervals closed here belong to the jobs that held the devices until now: sample first,
         # then apply what this event changes.
         self._to_weigh = {}
-        intervals = self._hold_shared(self.sampler.sample(self._shares, at_s=event.t_s if boundary else None))
+        intervals = self._hold_shared(
+            self.sampler.sample(self._shares, at_s=event.t_s if boundary else None, final=event.kind == "stop")
+        )
+        intervals = self._backfill.take(intervals, self._gpu_keys)
         jobs: list[wire.Job] = []
+        if boundary and self.tracker is not None:
+            jobs.extend(self.tracker.prune(event.t_s))
         if event.kind == "start" and event.job is not None:
             active, _new = self.registry.start(event.job)
             if self.tracker is not None:
                 # One owner per process: discovered jobs holding the job's processes end at this same read.
                 jobs.extend(self.tracker.claim(active, event.t_s))
+                held = self.registry.get(active.id)
+                if held is not None and held.bind_by_process and held.explicit and not held.held_devices:
+                    # Not on a GPU NVML lists yet: what its GPU draws until a tick finds it is held for it.
+                    self._backfill.expect(held.id, event.t_s, held.all_pids)
             jobs.append(active.to_wire())
         elif event.kind == "end":
             ended = self.registry.end(event.job_id)
             if ended is not None:
                 jobs.append(ended.to_wire(ended_at_s=max(event.t_s, ended.started_at_s)))
+                self._backfill.ended(ended.id, max(event.t_s, ended.started_at_s))
                 if self.tracker is not None:
                     # Its processes still on the GPU start their "after" phase here, not an anonymous job.
                     jobs.extend(self.tracker.release(ended, max(event.t_s, ended.started_at_s), event.listed))
@@ -555,9 +568,15 @@ class Agent:
             # Discovered jobs start and end at the tick that sees their processes come and go.
             if self.tracker is not None:
                 jobs.extend(self.tracker.tick(self.sampler.last_t_s or event.t_s))
+                for job_id in self._backfill.seen(self.tracker.gpu_lineages()):
+                    log.info("job %s found on a GPU late; the energy since it opened is given to it", job_id)
             jobs.extend(self._end_gone(self.sampler.last_t_s or event.t_s))
         elif event.kind == "stop" and self.tracker is not None:
             jobs.extend(self.tracker.end_all(self.sampler.last_t_s or event.t_s))
+        if event.kind == "stop":
+            intervals += self._backfill.flush()
+        else:
+            intervals += self._backfill.release(self.sampler.last_t_s or event.t_s)
         self._hand_over(intervals, jobs)
         if boundary:
             self.seal()  # a job's start and end reach the spool, and the checkpoint, at once

@@ -93,6 +93,7 @@ class ProcessTracker:
         self._lineages: dict[int, tuple[int, ...]] = {}
         self._missing: dict[int, int] = {}  # pid NVML lists but /proc lacks -> ticks in a row
         self._keys_of: dict[int, frozenset[str]] = {}  # GPU pid -> the GPUs NVML listed it on, last tick
+        self._listed: dict[int, frozenset[str]] = {}  # the same, with the pids /proc no longer has
         # Processes explicit jobs owned and their phases outside them (with discovery only: else such a
         # process is idle outside its jobs, like any process no job holds).
         self._book = PhaseBook(classifier.host) if classifier is not None else None
@@ -120,8 +121,10 @@ class ProcessTracker:
         self._seen_missing = set()
         binds: dict[str, set[str]] = {}
         found: dict[str, _Found] = {}
+        listed: dict[int, set[str]] = {}
         for key in self._gpu_keys:
             for pid in self._running_pids(key):
+                listed.setdefault(pid, set()).add(key)
                 known = self._lookup(pid)
                 if known is None:
                     continue
@@ -147,12 +150,46 @@ class ProcessTracker:
             del self._known[gone]
         self._missing = {pid: n for pid, n in self._missing.items() if pid in self._seen_missing}
         self._keys_of = {pid: frozenset(keys) for pid, keys in keys_of.items()}
+        self._listed = {pid: frozenset(keys) for pid, keys in listed.items()}
         with self._lock:
             self._owners, self._lineages = owners, lineages
         out = self._bind(binds) + self._apply(found, t_s)
         if self._book is not None:
             self._book.forget(self._discovered, lineages, self._alive)
         return out
+
+    def gpu_lineages(self) -> dict[int, tuple[tuple[int, ...], frozenset[str]]]:
+        """Every process NVML listed at the last tick: pid -> (its lineage up to init, the GPUs it is on).
+        A process that has exited since (NVML may list it late) has only itself as its lineage."""
+        with self._lock:
+            lineages = self._lineages
+        return {pid: (lineages.get(pid, (pid,)), keys) for pid, keys in self._listed.items()}
+
+    def prune(self, t_s: float) -> list[wire.Job]:
+        """End, at ``t_s`` (a job's boundary read), every discovered job or phase whose processes have all
+        exited since the last tick: else it would hold its GPUs until that tick comes, sharing them with a
+        job opening now (a process that exits as its job ends is in its ``after`` phase until then)."""
+        out: list[wire.Job] = []
+        for job in self.registry.snapshot():
+            if job.id not in self._discovered or job.explicit or not job.proc_pids:
+                continue
+            if any(self._still_running(pid) for pid in job.proc_pids):
+                continue
+            self._discovered.discard(job.id)
+            self.registry.set_discovered(job.id, (), ())
+            ended = self.registry.end(job.id)
+            if ended is not None:
+                out.append(ended.to_wire(ended_at_s=max(t_s, ended.started_at_s)))
+                log.info("job %s ended: its processes exited", job.id)
+        if out:
+            gone = {j.id for j in out}
+            with self._lock:
+                self._owners = {pid: owner for pid, owner in self._owners.items() if owner not in gone}
+        return out
+
+    def _still_running(self, pid: int) -> bool:
+        known = self._known.get(pid)
+        return known is None or self._alive(pid, known.start_ticks)
 
     def end_all(self, t_s: float) -> list[wire.Job]:
         """End every discovered job (the agent is stopping)."""

@@ -31,7 +31,8 @@ class DeviceInfo:
 class EnergyReading:
     """Cumulative energy of one device as of ``t_s`` (Unix seconds).
 
-    ``energy_j`` is monotonic per device. ``flags`` names anything the consumer should know about the
+    ``energy_j`` is monotonic per device, except that a reading may be below the one before by at most
+    that one's ``extrapolated_j``. ``flags`` names anything the consumer should know about the
     energy added since the previous reading (``counter_reset``: bridged from power after a reset;
     ``boundary_unrefined``: a boundary read that could not be pinned to the counter's update).
     ``counter_j`` is the same reading on the hardware counter's own scale (see the field).
@@ -48,6 +49,10 @@ class EnergyReading:
     counter_j: float | None = None
     # The counter wraps after this many joules (RAPL's ``max_energy_range_uj``); 0: it does not wrap.
     counter_wrap_j: float = 0.0
+    # The part of ``energy_j`` estimated past what the hardware has counted (a tick read adds the instant
+    # power since the counter's last refresh). A later reading may come in up to this much lower (the
+    # estimate overshot): the consumer then lowers this reading, not the next one (``agent.sampler``).
+    extrapolated_j: float = 0.0
 
 
 @runtime_checkable

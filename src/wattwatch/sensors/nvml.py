@@ -175,8 +175,10 @@ class NvmlSensor:
 
     # -- bookkeeping --------------------------------------------------------------------------------
 
-    def _emit(self, dev: GpuDevice, t_s: float, energy_j: float, *flags: str) -> EnergyReading:
-        return emit(dev, t_s, energy_j, self._source(dev), flags)
+    def _emit(
+        self, dev: GpuDevice, t_s: float, energy_j: float, *flags: str, extrapolated_j: float = 0.0
+    ) -> EnergyReading:
+        return emit(dev, t_s, energy_j, self._source(dev), flags, extrapolated_j)
 
     def _source(self, dev: GpuDevice) -> Source:
         if self.simulated:
@@ -268,8 +270,8 @@ class NvmlSensor:
             def tick(dev: GpuDevice) -> None:
                 try:
                     if dev.has_counter:
-                        t_s, energy_j = tick_read(self._reads, dev, self._sleep)
-                        out[dev.key] = self._emit(dev, t_s, energy_j)
+                        t_s, energy_j, extrapolated_j = tick_read(self._reads, dev, self._sleep)
+                        out[dev.key] = self._emit(dev, t_s, energy_j, extrapolated_j=extrapolated_j)
                     else:
                         self._reads.sample_power(dev)
                         assert dev.power_t_s is not None

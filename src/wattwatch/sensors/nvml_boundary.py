@@ -410,12 +410,17 @@ class CounterPoller:
             held=not dev.instant_live and dev.instant_held,
             period_s=dev.timing.period_s,
         )
-        self._pinned[dev.key] = pinned
         estimate = pin_boundary(
             pinned.boundary, pinned.u_j, t_s, pinned.t_u, pinned.held, pinned.period_s, self.poll_interval_s
         )
         samples, first_j, period_s = probe.boundary.samples, probe.boundary.first_j, pinned.period_s
         held_up = period_s is not None and any(b[0] - a[0] > period_s for a, b in pairwise(samples))
+        if held_up:
+            # Polls held up past a refresh (a loaded host) did not see the power between them: a boundary
+            # right behind this one is better pinned by polls of its own than from these.
+            self._pinned.pop(dev.key, None)
+        else:
+            self._pinned[dev.key] = pinned
         if not held_up or first_j is None:
             return estimate
         first_t_s, first_w = probe.boundary.first_t_s, samples[0][1]

@@ -90,7 +90,9 @@ class GpuDevice:
     power_w: float = 0.0
     integral_j: float = 0.0
     history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))
-    returned_j: float = 0.0  # never return less than this (monotonic promise)
+    # Never return less than this (monotonic promise): the counter-backed part of what was returned, so an
+    # extrapolated tick read that overshot can be corrected by the next reading (``EnergyReading``).
+    returned_j: float = 0.0
     # Seen the power reading change between two counter refreshes: it is live. Seen it change only with
     # the counter: it is held (a part-time sample or an average, refreshed with the counter).
     instant_live: bool = False
@@ -218,16 +220,17 @@ class NvmlReads:
             dev.pending_flags.add("power_averaged")
 
 
-def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) -> tuple[float, float]:
-    """(t_s, E(t_s)) for a tick read of a counter GPU (see ``NvmlSensor.read``): the counter as of its
-    last refresh, plus the instant power over the time since, where the learned phase places it."""
+def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) -> tuple[float, float, float]:
+    """(t_s, E(t_s), the extrapolated part of it) for a tick read of a counter GPU (see
+    ``NvmlSensor.read``): the counter as of its last refresh, plus the instant power over the time since,
+    where the learned phase places it."""
     before = dev.last_read
     read = reads.counter(dev)
     timing = dev.timing
     if not (dev.has_instant and timing.trusted(read.end_s)):
         dev.last_read = read
         reads.observe(dev, read.raw_mj, read.end_s)
-        return read.end_s, dev.cumulative_j
+        return read.end_s, dev.cumulative_j, 0.0
     for _ in range(3):
         wait_s = timing.wait_before_read_s(read.start_s, read.end_s)
         if wait_s <= 0.0:
@@ -244,23 +247,36 @@ def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) 
         log.debug("%s: the counter's refresh phase no longer fits its reads; relearning it", dev.key)
         timing.drop_phase("the counter's refreshes stopped fitting the learned phase; relearning")
         reads.observe(dev, read.raw_mj, read.end_s)
-        return read.end_s, dev.cumulative_j
+        return read.end_s, dev.cumulative_j, 0.0
     reads.observe(dev, read.raw_mj, read.end_s)
     period_s = timing.period_s
     assert period_s is not None  # trusted
     since_s = min(max(0.0, read.end_s - timing.last_refresh_s(read.start_s)), period_s)
-    return read.end_s, dev.cumulative_j + power_w * since_s
+    return read.end_s, dev.cumulative_j + power_w * since_s, power_w * since_s
 
 
-def emit(dev: GpuDevice, t_s: float, energy_j: float, source: Source, flags: tuple[str, ...]) -> EnergyReading:
-    """The reading of ``dev`` at ``t_s``: never below one returned before, with the flags gathered since."""
+def emit(
+    dev: GpuDevice, t_s: float, energy_j: float, source: Source, flags: tuple[str, ...], extrapolated_j: float = 0.0
+) -> EnergyReading:
+    """The reading of ``dev`` at ``t_s``, with the flags gathered since: never below the counter-backed
+    part of one returned before; ``extrapolated_j`` of it is estimated past the counter (see
+    ``EnergyReading``)."""
     value_j = max(energy_j, dev.returned_j)
-    dev.returned_j = value_j
+    extrapolated_j = min(max(0.0, extrapolated_j), value_j - dev.returned_j)
+    dev.returned_j = value_j - extrapolated_j
     all_flags = tuple(sorted(dev.pending_flags.union(flags)))
     dev.pending_flags.clear()
     # On the counter's own scale (since driver load): base_j only holds what resets added.
     counter_j = value_j - dev.base_j if dev.has_counter else None
-    return EnergyReading(device=dev.key, t_s=t_s, energy_j=value_j, source=source, flags=all_flags, counter_j=counter_j)
+    return EnergyReading(
+        device=dev.key,
+        t_s=t_s,
+        energy_j=value_j,
+        source=source,
+        flags=all_flags,
+        counter_j=counter_j,
+        extrapolated_j=extrapolated_j,
+    )
 
 
 def integral_at(dev: GpuDevice, t_s: float) -> tuple[float, tuple[str, ...]]:

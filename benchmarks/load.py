@@ -561,6 +561,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 coro = throughput(port, agents, ticks, args.seconds, meters)
             result = asyncio.run(coro)
+            # Other work on the machine takes cores from the collector: say how busy it was.
+            load_1m = float(Path("/proc/loadavg").read_text().split()[0])
             stored = stored_rows(db)
             sent = sum(a.seq for a in agents)  # warm-up batches included
             proc.terminate()
@@ -587,6 +589,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "collector_cpu": collector.seconds / result.seconds,
         "backend_cpu": backends.seconds / result.seconds if backends is not None else None,
         "client_cpu": client.seconds / result.seconds,
+        "load_1m": load_1m,
         "ceilings": ceilings,
     }
 
@@ -624,7 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"**Collector under load** ({args.db}, {args.workers} worker(s), {who}, {r['ticks'] * len(DEVICES)}"
             f" intervals per batch, {res.seconds:.0f} s over loopback HTTP). CPU in cores (load: this benchmark's"
             " own simulated agents); ceiling: the same rows written raw in the same run (psycopg COPY / sqlite3"
-            " executemany, a commit per batch)."
+            f" executemany, a commit per batch). Machine load average at the end: {r['load_1m']:.1f} on"
+            f" {os.cpu_count()} cores."
         )
     )
     header = [

@@ -160,12 +160,13 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         response_model=None,
         tags=["agents"],
     )
-    async def ingest(who: Writer, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
+    async def ingest(request: Request, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
         """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq); an agent id belongs to
         the first host that pushed it, and a key reused with other content is a 409."""
         # Async, unlike the other routes: a request waiting for its group's commit holds no thread (a
-        # thousand agents would otherwise queue behind the thread pool's 40). Decoding runs on the pool.
-        pending = await run_in_threadpool(_checked_batch, who, body, content_encoding)
+        # thousand agents would otherwise queue behind the thread pool's 40). Authentication (it may read
+        # the database's tokens) and decoding run on the pool, in one hop.
+        pending = await run_in_threadpool(_checked_batch, request, body, content_encoding)
         try:
             result = await asyncio.wrap_future(ctx.writer.submit_future(pending))
         except (repository.AgentIdTaken, repository.KeyReused) as exc:
@@ -178,8 +179,9 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             ctx.ingest.intervals.inc(result.n_intervals)
         return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
 
-    def _checked_batch(who: Principal, body: bytes, content_encoding: str | None) -> Pending:
-        """The request's batch, decoded, checked (415, 413, 422, 403 otherwise) and hashed."""
+    def _checked_batch(request: Request, body: bytes, content_encoding: str | None) -> Pending:
+        """The request's batch, authenticated (401, 403), decoded, checked (415, 413, 422) and hashed."""
+        who = _writer(request)
         encoding = (content_encoding or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
             ctx.ingest.errors.inc()

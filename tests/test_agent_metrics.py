@@ -116,7 +116,9 @@ def test_device_counters_add_up_the_intervals_and_power_is_the_last_one(agent: A
     for index in (0, 1):
         key = f"gpu{index}"
         mine = sorted((iv for iv in intervals if iv.device == key), key=lambda iv: iv.t_end_s)
-        assert len(mine) == 3
+        # The last tick's interval may still be held for the next reading (its end is partly an estimate).
+        held = agent.sampler._last[key].held is not None
+        assert len(mine) == 3 - held
         labels = {
             "host": "h",
             "device": key,
@@ -212,6 +214,7 @@ def test_spool_grows_while_the_collector_is_away_then_drains_into_a_real_one(
     agent.start()
     collector: Collector | None = None
     try:
+        assert agent.tick()  # from here on every tick releases at least the interval the one before held
         for n in (1, 2, 3):
             assert agent.tick()
             assert agent.seal() is not None

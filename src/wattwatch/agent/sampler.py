@@ -125,8 +125,8 @@ class Sampler:
 
         An interval whose end reading is partly extrapolated (a tick read of an NVML counter adds the power
         since the counter's last refresh) is returned with the next sample instead, once the next reading
-        confirms it: where that one comes in lower, the estimate overshot, and the held interval is
-        lowered. Raising the next reading instead (the sensors' old monotonic clamp) moved the overshoot
+        confirms it: where the next one is a boundary read and comes in lower, the estimate overshot, and the
+        held interval is lowered. Raising the next reading instead (the sensors' old monotonic clamp) moved the overshoot
         across a job boundary read right after the tick: +8 % on 1 s jobs at a 200 ms refresh
         (``benchmarks/timing_sweep.py``). A boundary read (``at_s``) and a ``final`` sample hold nothing.
         """
@@ -169,8 +169,11 @@ class Sampler:
                 self._last[reading.device] = _Last(reading.t_s, energy_j)
                 self._remember(reading, reading.t_s, energy_j)
                 continue
-            if energy_j < last.energy_j and last.held is not None:
-                # Only a reading whose interval is still held can be lowered: one sent is final.
+            if energy_j < last.energy_j and last.held is not None and at_s is not None:
+                # Only a reading whose interval is still held can be lowered (one sent is final), and only by
+                # a boundary read, pinned to the counter's refresh after it. A later tick read is an estimate
+                # too, and one that extrapolates a power that has just dropped back over the time since the
+                # refresh is the one that is wrong (-3 % on a vLLM server's J/query when it was trusted).
                 self._lower(reading.device, last, max(energy_j, last.energy_j - last.extrapolated_j))
             if last.held is not None:
                 intervals.append(last.held)

@@ -125,9 +125,10 @@ class Sampler:
 
         An interval whose end reading is partly extrapolated (a tick read of an NVML counter adds the power
         since the counter's last refresh) is returned with the next sample instead, once the next reading
-        confirms it: where the next one is a boundary read and comes in lower, the estimate overshot, and the
-        held interval is lowered. Raising the next reading instead (the sensors' old monotonic clamp) moved the overshoot
-        across a job boundary read right after the tick: +8 % on 1 s jobs at a 200 ms refresh
+        confirms it: where the next one is a boundary read and comes in lower, the estimate overshot, and
+        the held interval is lowered. Raising the next reading instead (the sensors' old monotonic clamp)
+        moved the overshoot across a job boundary read right after the tick: +8 % on 1 s jobs at a 200 ms
+        refresh
         (``benchmarks/timing_sweep.py``). A boundary read (``at_s``) and a ``final`` sample hold nothing.
         """
         readings: list[EnergyReading] = []

@@ -288,6 +288,7 @@ class NvmlSensor:
             self._poller.calibrate(
                 [d for d in counters if d.timing.wants_calibration(now_s)], lambda dev: calibrated.add(dev.key)
             )
+            now_s = self._clock()  # those polls may have taken up to a period
             due = {d.key: d.timing.refresh_due_s(now_s) for d in counters if d.key not in calibrated}
             short = [d for d in counters if (wait_s := due.get(d.key)) is not None and wait_s <= SHORT_POLL_MAX_S]
             if short:

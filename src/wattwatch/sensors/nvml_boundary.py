@@ -30,6 +30,8 @@ WAIT_PERIODS = 2.5
 UNLEARNED_WAIT_S = 0.6
 # Calibration polls this many times as often as boundary reads (it runs rarely and briefly).
 CALIBRATION_PACE = 4
+# An aimed calibration poll begins this many of its polls before the predicted refresh window.
+AIM_MARGIN_POLLS = 2
 
 
 @dataclass
@@ -246,13 +248,21 @@ class CounterPoller:
         place its phase (see ``CounterTiming.calibrated``); the instant power is read too, to learn
         whether it is live. ``done(dev)`` runs as soon as a device is calibrated (a tick read then needs
         the least extrapolation: the counter has just refreshed). Only a full calibration (no
-        ``limit_s``) counts as tried (``CounterTiming.tried_s``)."""
+        ``limit_s``) counts as tried (``CounterTiming.tried_s``). A GPU whose grid is learned is polled
+        only from just before the window it predicts the next refresh in (``CounterTiming.aim_s``): the
+        wait until then is a sleep, not reads."""
         if not devs:
             return
         clock = self.reads.clock
         start_s = clock()
         pending = {d.key: d for d in devs}
-        limits = {d.key: d.timing.poll_limit_s() if limit_s is None else limit_s for d in devs}
+        interval_s = self.poll_interval_s / CALIBRATION_PACE
+        # Each GPU's polls begin just before the window its learned grid predicts the next refresh in
+        # (at once without one): polling blindly until then reads the counter dozens of times for nothing.
+        aims = {d.key: d.timing.aim_s(start_s, AIM_MARGIN_POLLS * interval_s) for d in devs}
+        limits = {d.key: d.timing.poll_limit_s() + aims[d.key] - start_s if limit_s is None else limit_s for d in devs}
+        for key in [k for k in pending if aims[k] - start_s >= limits[k]]:
+            del pending[key]  # a short poll whose refresh is not due within its limit
         runs = {d.key: d.timing.new_run() for d in devs}
         seen: dict[str, list[Change]] = {d.key: [] for d in devs}
         last: dict[str, CounterRead] = {}
@@ -260,11 +270,12 @@ class CounterPoller:
         if limit_s is None:
             for dev in devs:
                 dev.timing.tried_s = start_s
-        interval_s = self.poll_interval_s / CALIBRATION_PACE
         polls_left = int(CALIBRATION_MAX_S / interval_s) + 2  # a stuck clock cannot hang us
         while pending and polls_left > 0:
             round_start_s = clock()
             for key, dev in list(pending.items()):
+                if aims[key] > round_start_s:
+                    continue
                 # The power only until it is known to be live: each read of it lengthens the poll, and
                 # so the counter's brackets (a held reading never proves itself, so it is read on).
                 watch_power = dev.has_instant and not dev.instant_live
@@ -297,7 +308,11 @@ class CounterPoller:
                 del pending[key]
             if not pending:
                 break
-            self._pause(round_start_s, interval_s)
+            first_aim_s = min(aims[k] for k in pending)
+            if first_aim_s > now_s + interval_s:
+                self.sleep(first_aim_s - now_s)  # no GPU polls before its window
+            else:
+                self._pause(round_start_s, interval_s)
         elapsed_s = clock() - start_s
         for dev in devs:
             if limit_s is None:

@@ -56,6 +56,9 @@ SHORT_POLL_MAX_S = 0.012
 LOOKAHEAD_S = 30.0
 CALIBRATION_MAX_S = 1.0
 HISTORY = 128  # refresh brackets kept (the oldest are dropped)
+# A poll is aimed at the predicted window of the next refresh while that window is narrower than this
+# share of a period (wider: the refresh could come at any time, so the poll starts at once).
+AIM_MAX_WIDTH_SHARE = 0.5
 READ_MARGIN_S = 1e-5  # how far past a predicted refresh window a tick read waits
 # A tick read this close before a refresh waits for it (at most NEAR_REFRESH_S): extrapolating the
 # instant power over a whole period is the tick's largest error, waiting a few ms the cheaper cure.
@@ -236,6 +239,19 @@ class CounterTiming:
             return False
         period_s, err_s = estimate
         return LOOKAHEAD_S / period_s * err_s < 0.25 * period_s
+
+    def aim_s(self, now_s: float, margin_s: float) -> float:
+        """When a poll for the next refresh after ``now_s`` should begin: ``margin_s`` before the window the
+        learned grid predicts it in, so the poll reads the old value first and then only the window (a
+        poll begun blindly reads the counter for up to a period before anything can change); ``now_s``
+        while no grid is learned or its window is too wide to aim at (near a period)."""
+        fit = self.fit
+        if fit is None:
+            return now_s
+        lo, hi = fit.window(fit.last_before(now_s) + 1)
+        if hi - lo >= AIM_MAX_WIDTH_SHARE * fit.period_s:
+            return now_s
+        return max(now_s, lo - margin_s)
 
     def window_s(self, now_s: float) -> float | None:
         """Width of the predicted refresh window nearest ``now_s`` (None: no phase)."""

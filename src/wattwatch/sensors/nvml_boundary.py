@@ -32,6 +32,8 @@ UNLEARNED_WAIT_S = 0.6
 CALIBRATION_PACE = 4
 # An aimed calibration poll begins this many of its polls before the predicted refresh window.
 AIM_MARGIN_POLLS = 2
+# ... and polls a predicted window this many times across (never faster than CALIBRATION_PACE's pace).
+AIM_POLLS = 8
 
 
 @dataclass
@@ -260,6 +262,9 @@ class CounterPoller:
         # Each GPU's polls begin just before the window its learned grid predicts the next refresh in
         # (at once without one): polling blindly until then reads the counter dozens of times for nothing.
         aims = {d.key: d.timing.aim_s(start_s, AIM_MARGIN_POLLS * interval_s) for d in devs}
+        # Within a wide predicted window, fewer polls: AIM_POLLS across it bracket the refresh to a fraction
+        # of the window (which is all the phase is then known to), at most CALIBRATION_PACE's pace.
+        paces = {d.key: max(interval_s, d.timing.aim_width_s(start_s) / AIM_POLLS) for d in devs}
         limits = {d.key: d.timing.poll_limit_s() + aims[d.key] - start_s if limit_s is None else limit_s for d in devs}
         for key in [k for k in pending if aims[k] - start_s >= limits[k]]:
             del pending[key]  # a short poll whose refresh is not due within its limit
@@ -273,9 +278,11 @@ class CounterPoller:
         polls_left = int(CALIBRATION_MAX_S / interval_s) + 2  # a stuck clock cannot hang us
         while pending and polls_left > 0:
             round_start_s = clock()
+            jitter = 0.5 + self._rng.random()  # see _pause
             for key, dev in list(pending.items()):
                 if aims[key] > round_start_s:
                     continue
+                aims[key] = round_start_s + paces[key] * jitter  # its next poll
                 # The power only until it is known to be live: each read of it lengthens the poll, and
                 # so the counter's brackets (a held reading never proves itself, so it is read on).
                 watch_power = dev.has_instant and not dev.instant_live
@@ -308,11 +315,8 @@ class CounterPoller:
                 del pending[key]
             if not pending:
                 break
-            first_aim_s = min(aims[k] for k in pending)
-            if first_aim_s > now_s + interval_s:
-                self.sleep(first_aim_s - now_s)  # no GPU polls before its window
-            else:
-                self._pause(round_start_s, interval_s)
+            # Until the next GPU's poll is due (at once when the calls took that long already).
+            self.sleep(max(0.0, min(aims[k] for k in pending) - now_s))
         elapsed_s = clock() - start_s
         for dev in devs:
             if limit_s is None:

@@ -146,9 +146,14 @@ class NvmlReads:
 
     def counter(self, dev: GpuDevice) -> CounterRead:
         """``nvmlDeviceGetTotalEnergyConsumption`` with the clock before and after the call."""
+        # The hottest call of the agent (every tick, every poll): errors are caught inline, and the
+        # message built only when one happens.
+        nvml = self.nvml
         start_s = self.clock()
-        with nvml_errors(self.nvml, f"reading {dev.key}'s energy counter"):
-            raw_mj = int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
+        try:
+            raw_mj = int(nvml.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
+        except nvml.NVMLError as exc:
+            raise translate_nvml_error(nvml, exc, f"reading {dev.key}'s energy counter") from exc
         end_s = self.clock()
         dev.latency.add(end_s - start_s)
         return CounterRead(raw_mj, start_s, end_s)
@@ -161,8 +166,10 @@ class NvmlReads:
         """``NVML_FI_DEV_POWER_INSTANT`` in W."""
         nvml = self.nvml
         start_s = self.clock()
-        with nvml_errors(nvml, f"reading {dev.key}'s instant power"):
+        try:
             value = nvml.nvmlDeviceGetFieldValues(dev.handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        except nvml.NVMLError as exc:
+            raise translate_nvml_error(nvml, exc, f"reading {dev.key}'s instant power") from exc
         dev.latency.add(self.clock() - start_s)
         if value.nvmlReturn != nvml.NVML_SUCCESS:
             raise translate_nvml_error(nvml, nvml.NVMLError(value.nvmlReturn), f"reading {dev.key}'s instant power")

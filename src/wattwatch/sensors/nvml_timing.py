@@ -253,6 +253,14 @@ class CounterTiming:
             return now_s
         return max(now_s, lo - margin_s)
 
+    def aim_width_s(self, now_s: float) -> float:
+        """Width of the window an aimed poll (``aim_s``) polls through; 0 when it is not aimed."""
+        fit = self.fit
+        if fit is None:
+            return 0.0
+        lo, hi = fit.window(fit.last_before(now_s) + 1)
+        return hi - lo if hi - lo < AIM_MAX_WIDTH_SHARE * fit.period_s else 0.0
+
     def window_s(self, now_s: float) -> float | None:
         """Width of the predicted refresh window nearest ``now_s`` (None: no phase)."""
         fit = self.fit

@@ -261,10 +261,13 @@ class CounterPoller:
         interval_s = self.poll_interval_s / CALIBRATION_PACE
         # Each GPU's polls begin just before the window its learned grid predicts the next refresh in
         # (at once without one): polling blindly until then reads the counter dozens of times for nothing.
-        aims = {d.key: d.timing.aim_s(start_s, AIM_MARGIN_POLLS * interval_s) for d in devs}
         # Within a wide predicted window, fewer polls: AIM_POLLS across it bracket the refresh to a fraction
         # of the window (which is all the phase is then known to), at most CALIBRATION_PACE's pace.
-        paces = {d.key: max(interval_s, d.timing.aim_width_s(start_s) / AIM_POLLS) for d in devs}
+        windows = {d.key: d.timing.aim(start_s) for d in devs}
+        paces = {k: interval_s if w is None else max(interval_s, (w[1] - w[0]) / AIM_POLLS) for k, w in windows.items()}
+        aims = {
+            k: start_s if w is None else max(start_s, w[0] - AIM_MARGIN_POLLS * paces[k]) for k, w in windows.items()
+        }
         limits = {d.key: d.timing.poll_limit_s() + aims[d.key] - start_s if limit_s is None else limit_s for d in devs}
         for key in [k for k in pending if aims[k] - start_s >= limits[k]]:
             del pending[key]  # a short poll whose refresh is not due within its limit

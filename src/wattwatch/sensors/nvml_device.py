@@ -232,8 +232,17 @@ def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) 
     ``NvmlSensor.read``): the counter as of its last refresh, plus the instant power over the time since,
     where the learned phase places it."""
     before = dev.last_read
-    read = reads.counter(dev)
     timing = dev.timing
+    if dev.has_instant and before is not None:
+        # Planned before reading: when the phase puts a refresh inside the read (its last one's length
+        # ahead) or just after it, wait past that refresh first, then read once (reading first and again
+        # after the wait costs a counter read per GPU near a refresh, every tick).
+        now_s = reads.clock()
+        if timing.trusted(now_s):
+            wait_s = timing.wait_before_read_s(now_s, now_s + max(0.0, before.end_s - before.start_s))
+            if wait_s > 0.0:
+                sleep(wait_s)
+    read = reads.counter(dev)
     if not (dev.has_instant and timing.trusted(read.end_s)):
         dev.last_read = read
         reads.observe(dev, read.raw_mj, read.end_s)

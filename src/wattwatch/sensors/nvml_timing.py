@@ -240,26 +240,16 @@ class CounterTiming:
         period_s, err_s = estimate
         return LOOKAHEAD_S / period_s * err_s < 0.25 * period_s
 
-    def aim_s(self, now_s: float, margin_s: float) -> float:
-        """When a poll for the next refresh after ``now_s`` should begin: ``margin_s`` before the window the
-        learned grid predicts it in, so the poll reads the old value first and then only the window (a
-        poll begun blindly reads the counter for up to a period before anything can change); ``now_s``
-        while no grid is learned or its window is too wide to aim at (near a period)."""
+    def aim(self, now_s: float) -> tuple[float, float] | None:
+        """The window ``(lo, hi)`` the learned grid predicts the next refresh after ``now_s`` in (it may
+        hold ``now_s``), for a poll aimed at it: polling blindly reads the counter for up to a period
+        before anything can change. None while no grid is learned or its window is too wide to aim at
+        (over AIM_MAX_WIDTH_SHARE of a period)."""
         fit = self.fit
         if fit is None:
-            return now_s
+            return None
         lo, hi = fit.window(fit.last_before(now_s) + 1)
-        if hi - lo >= AIM_MAX_WIDTH_SHARE * fit.period_s:
-            return now_s
-        return max(now_s, lo - margin_s)
-
-    def aim_width_s(self, now_s: float) -> float:
-        """Width of the window an aimed poll (``aim_s``) polls through; 0 when it is not aimed."""
-        fit = self.fit
-        if fit is None:
-            return 0.0
-        lo, hi = fit.window(fit.last_before(now_s) + 1)
-        return hi - lo if hi - lo < AIM_MAX_WIDTH_SHARE * fit.period_s else 0.0
+        return (lo, hi) if hi - lo < AIM_MAX_WIDTH_SHARE * fit.period_s else None
 
     def window_s(self, now_s: float) -> float | None:
         """Width of the predicted refresh window nearest ``now_s`` (None: no phase)."""

@@ -199,27 +199,36 @@ class CounterTiming:
             and fit.width_at(now_s) <= PHASE_MAX_WIDTH_SHARE * fit.period_s
         )
 
+    def tick_plan(self, now_s: float) -> tuple[bool, float | None]:
+        """What a tick read at ``now_s`` needs first, from one look at the grid: whether a calibration poll
+        is due (``wants_calibration``), and when a short poll is worth it, the time by which the next
+        refresh has surely happened (``refresh_due_s``; None otherwise)."""
+        fit = self.fit
+        if fit is None:
+            return now_s - self.tried_s >= PHASE_MAX_AGE_S, None
+        width_s = fit.width_at(now_s)
+        trusted = now_s - self.last_seen_s < PHASE_MAX_AGE_S and width_s <= PHASE_MAX_WIDTH_SHARE * fit.period_s
+        if trusted and width_s <= PHASE_POLL_WIDTH_SHARE * fit.period_s:
+            wants = False
+        else:
+            wants = self.tried_ok or now_s - self.tried_s >= PHASE_MAX_AGE_S
+        until_s = None
+        if trusted and width_s > min(PHASE_REFRESH_WIDTH_S, PHASE_MAX_WIDTH_SHARE * fit.period_s):
+            until_s = fit.window(fit.last_before(now_s) + 1)[1]
+        return wants, until_s
+
     def wants_calibration(self, now_s: float) -> bool:
         """Whether a calibration poll is due: the phase is not trusted (nothing learned, stale, or its
         window grown wide). Once the period is known that poll is short (one refresh) and due at once;
         a first calibration (up to CALIBRATION_MAX_S), or any after one that saw no refresh, is tried
         once per PHASE_MAX_AGE_S."""
-        fit = self.fit
-        if fit is not None and self.trusted(now_s) and fit.width_at(now_s) <= PHASE_POLL_WIDTH_SHARE * fit.period_s:
-            return False
-        if fit is not None and self.tried_ok:
-            return True
-        return now_s - self.tried_s >= PHASE_MAX_AGE_S
+        return self.tick_plan(now_s)[0]
 
     def refresh_due_s(self, now_s: float) -> float | None:
         """When the phase is trusted but its window has grown past PHASE_REFRESH_WIDTH_S: how long until
         the next refresh has surely happened (a short poll then pins it down); None otherwise."""
-        fit = self.fit
-        if fit is None or not self.trusted(now_s):
-            return None
-        if fit.width_at(now_s) <= min(PHASE_REFRESH_WIDTH_S, PHASE_MAX_WIDTH_SHARE * fit.period_s):
-            return None
-        return fit.window(fit.last_before(now_s) + 1)[1] - now_s
+        until_s = self.tick_plan(now_s)[1]
+        return None if until_s is None else until_s - now_s
 
     def poll_limit_s(self) -> float:
         """How long a calibration poll may run: a few periods once the period is known."""

@@ -301,6 +301,17 @@ class CounterPoller:
                     learn_power(dev, watches[key].poll(read.raw_mj, power_w))
                 before = last.get(key)
                 last[key] = read
+                window = windows[key]
+                if window is not None and read.start_s > window[1] and (before is None or read.raw_mj == before.raw_mj):
+                    # Past the predicted window with no refresh seen: it came just before the first poll
+                    # (which began inside the window). Sleep until the next window instead of polling a
+                    # period through; a poll that may not run that long ends here.
+                    windows[key] = window = dev.timing.aim(read.end_s)
+                    if window is not None:
+                        if window[0] - start_s >= limits[key]:
+                            del pending[key]
+                            continue
+                        aims[key] = max(aims[key], window[0] - AIM_MARGIN_POLLS * paces[key])
                 if before is None:
                     continue
                 # Only a rise is a refresh: a counter that went down was reset, at no refresh instant.

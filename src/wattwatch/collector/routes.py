@@ -7,6 +7,7 @@ msgspec (``wattwatch.wire``), which names the offending field of a bad body.
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,19 +17,24 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 
 from wattwatch import limits, wire
 from wattwatch.collector import contract
 from wattwatch.collector.auth import Authenticator, Principal
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
 from wattwatch.collector.errors import ApiError
+from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.collector.metrics import IngestMetrics
 from wattwatch.collector.span_scheduler import SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
 from wattwatch.storage import repository
 from wattwatch.storage.engine import check_schema
-from wattwatch.units import JOB_KINDS, parse_duration_s
+from wattwatch.storage.group_ingest import Pending
+from wattwatch.storage.job_refs import AmbiguousJob
+from wattwatch.storage.reads import resolve_job
+from wattwatch.units import JOB_KINDS, parse_time_s
 
 T = TypeVar("T")
 # Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
@@ -48,6 +54,8 @@ class Context:
     ingest: IngestMetrics
     clock: Callable[[], float]
     span_energy: SpanEnergyScheduler
+    # Ingest goes through group commit: concurrent batches share one transaction (collector.group_commit).
+    writer: GroupCommitter
 
 
 async def _raw_body(request: Request) -> bytes:
@@ -85,13 +93,25 @@ def _gunzip(body: bytes, limit_bytes: int) -> bytes:
     return out
 
 
-def _since_s(ctx: Context, since: str | None) -> float | None:
+def _since_s(ctx: Context, since: str | None, field: str = "since") -> float | None:
+    """``since`` / ``until`` as epoch seconds: the parser ``wattwatch report`` uses (``units.parse_time_s``)."""
     if since is None or since == "":
         return None
     try:
-        return ctx.clock() - parse_duration_s(since)
+        return parse_time_s(since, ctx.clock())
     except ValueError as exc:
-        raise ApiError(422, f"since: {exc}", "since") from None
+        raise ApiError(422, f"{field}: {exc}", field) from None
+
+
+def _labels(items: list[str] | None) -> dict[str, str | None]:
+    """``label=k=v`` (value must match) or ``label=k`` (key present), as ``wattwatch report --label``."""
+    out: dict[str, str | None] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise ApiError(422, f"label: {item!r} is not KEY=VALUE or KEY", "label")
+        out[key] = value if sep else None
+    return out
 
 
 def _kind(kind: str | None) -> str | None:
@@ -154,9 +174,28 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         response_model=None,
         tags=["agents"],
     )
-    def ingest(who: Writer, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
+    async def ingest(request: Request, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
         """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq); an agent id belongs to
         the first host that pushed it, and a key reused with other content is a 409."""
+        # Async, unlike the other routes: a request waiting for its group's commit holds no thread (a
+        # thousand agents would otherwise queue behind the thread pool's 40). Authentication (it may read
+        # the database's tokens) and decoding run on the pool, in one hop.
+        pending = await run_in_threadpool(_checked_batch, request, body, content_encoding)
+        try:
+            result = await asyncio.wrap_future(ctx.writer.submit_future(pending))
+        except (repository.AgentIdTaken, repository.KeyReused) as exc:
+            ctx.ingest.errors.inc()
+            raise _conflict(exc) from None
+        if result.duplicate:
+            ctx.ingest.duplicates.inc()
+        else:
+            ctx.ingest.batches.inc()
+            ctx.ingest.intervals.inc(result.n_intervals)
+        return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
+
+    def _checked_batch(request: Request, body: bytes, content_encoding: str | None) -> Pending:
+        """The request's batch, authenticated (401, 403), decoded, checked (415, 413, 422) and hashed."""
+        who = _writer(request)
         encoding = (content_encoding or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
             ctx.ingest.errors.inc()
@@ -181,17 +220,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         except limits.BoundError:
             ctx.ingest.errors.inc()
             raise
-        try:
-            result = repository.ingest_batch(ctx.engine, batch, received_at_s=ctx.clock())
-        except (repository.AgentIdTaken, repository.KeyReused) as exc:
-            ctx.ingest.errors.inc()
-            raise _conflict(exc) from None
-        if result.duplicate:
-            ctx.ingest.duplicates.inc()
-        else:
-            ctx.ingest.batches.inc()
-            ctx.ingest.intervals.inc(result.n_intervals)
-        return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
+        return Pending(batch, received_at_s=ctx.clock())
 
     @router.post(
         "/api/v1/jobs",
@@ -321,14 +350,34 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         tags=["reports"],
     )
     def report(
-        since: contract.Since = None, job: contract.JobFilter = None, kind: contract.Kind = None
+        since: contract.Since = None,
+        job: contract.JobFilter = None,
+        kind: contract.Kind = None,
+        until: contract.Until = None,
+        host: contract.HostFilter = None,
+        name: contract.NameGlob = None,
+        label: contract.LabelFilter = None,
     ) -> dict[str, Any]:
-        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``."""
+        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, with the filters applied.
+
+        ``job`` takes a job's id, a unique prefix of it or its name (422 listing the candidates when it
+        names several); ``since``/``until`` a duration back from now or a date; ``name`` a shell glob;
+        ``label`` (repeatable) ``KEY=VALUE`` or ``KEY``; ``host`` a host name."""
+        job_id = None
+        if job:
+            try:
+                job_id = resolve_job(ctx.engine, job) or job
+            except AmbiguousJob as exc:
+                raise ApiError(422, str(exc), "job") from None
         return repository.build_report(
             ctx.engine,
             since_s=_since_s(ctx, since),
-            job_id=job or None,
+            until_s=_since_s(ctx, until, "until"),
+            job_id=job_id,
             kind=_kind(kind),
+            host=host or None,
+            name=name or None,
+            labels=_labels(label),
             now_s=ctx.clock(),
             **carbon,
         )

@@ -133,6 +133,18 @@ def test_cpu_times_utilisation_is_a_percentage() -> None:
     assert 0.0 <= util() <= 100.0
 
 
+def test_cpu_times_utilisation_reads_proc_stat_between_calls(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice (ticks), then per-CPU lines.
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 100 0 50 800 50 0 0 0 0 0\n")
+    util = CpuTimesUtilisation(str(stat))
+    stat.write_text("cpu  160 0 70 900 70 0 0 0 0 0\ncpu0 160 0 70 900 70 0 0 0 0 0\n")
+    assert util() == pytest.approx(100.0 * 80 / 200)  # 80 busy ticks of 200
+    assert util() == 0.0  # nothing elapsed since
+    missing = CpuTimesUtilisation(str(tmp_path / "no-such-stat"))  # not Linux: psutil's times instead
+    assert 0.0 <= missing() <= 100.0
+
+
 def test_dram_rule_is_a_constant_per_installed_gib(tmp_path: Path) -> None:
     meminfo = write(tmp_path, "meminfo", "MemTotal:       527958384 kB\nMemFree:        1000 kB\n")
     assert installed_memory_gib(meminfo) == pytest.approx(503.5, abs=0.1)

@@ -390,3 +390,30 @@ def test_a_boundary_read_held_up_past_its_wait_polls_again_and_pins_a_narrow_ref
         (end,) = sensor.read_at(end_s)
         exact_j = fleet.exact_energy_j(0, boundary_s, end_s)
         assert end.energy_j - start.energy_j == pytest.approx(exact_j, rel=0.005), stall_s
+
+
+@pytest.mark.parametrize("period_s", (0.02, 0.1, 0.2))
+def test_a_calibration_poll_is_aimed_at_the_predicted_refresh_not_polled_blindly(period_s: float) -> None:
+    # Once the grid is learned, a calibration sleeps until just before the window the next refresh is
+    # predicted in and crosses it in a few polls (blindly, it read the counter every 0.5 ms until then:
+    # up to a period's worth of reads, 400 at 200 ms).
+    fleet, clock, sensor = rig(period_s, n=1)
+    module = sensor._nvml
+    real = module.nvmlDeviceGetTotalEnergyConsumption
+    reads = {"n": 0}
+
+    def counted(handle: Any) -> int:
+        reads["n"] += 1
+        return int(real(handle))
+
+    module.nvmlDeviceGetTotalEnergyConsumption = counted
+    dev = sensor._devices["gpu0"]
+    rng = random.Random(5)
+    for _ in range(10):
+        clock.t_s += rng.uniform(1.0, 3.0)  # anywhere in the refresh period
+        seen, reads["n"] = dev.timing.refreshes_seen, 0
+        sensor._poller.calibrate([dev])
+        assert dev.timing.refreshes_seen == seen + 1  # it still brackets a fresh refresh
+        assert reads["n"] <= 12, reads["n"]
+        fit = dev.timing.fit
+        assert fit is not None and fit.lo_s < fleet.last_update_s(0, fit.hi_s) <= fit.hi_s  # where it is

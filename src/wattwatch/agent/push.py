@@ -17,14 +17,23 @@ agents sharing one spool): retrying cannot help, so the batch is set aside. Both
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-import httpx
-
+from wattwatch.agent.collector_http import (
+    HttpxPoster,
+    KeepAlive,
+    Poster,
+    Reply,
+    SentReset,
+    SentTimeout,
+    Unreachable,
+)
 from wattwatch.agent.poison import (
     DEFAULT_POISON_AFTER,
     KEY_CONFLICT,
@@ -42,10 +51,6 @@ from wattwatch.tls import untrusted_certificate, untrusted_message
 
 log = logging.getLogger(__name__)
 
-# Transport errors that happen after the request went out: the collector (or its proxy) dropped it, maybe
-# because of this batch. A reset on a reused keep-alive connection is common and harmless: retried once.
-_AFTER_SEND_RESET = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-_AFTER_SEND = (*_AFTER_SEND_RESET, httpx.ReadTimeout, httpx.WriteTimeout)
 # How many batches in a row may fail before a round stops: enough to see past a few poison batches to one
 # that lands, few enough that a collector failing everything costs little before backing off.
 _PROBE_LIMIT = 8
@@ -83,7 +88,7 @@ class Pusher:
         collector_url: str,
         *,
         token: str = "",
-        client: httpx.Client | None = None,
+        client: Any | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         max_backoff_s: float = 30.0,
@@ -95,7 +100,10 @@ class Pusher:
         headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._client = client or httpx.Client(timeout=10.0, verify=verify)
+        # One keep-alive connection (agent.collector_http); ``client``: an httpx-style client instead (tests).
+        self._client: Poster = (
+            HttpxPoster(client) if client is not None else KeepAlive(collector_url, timeout_s=10.0, verify=verify)
+        )
         self._headers = headers
         self._clock = clock
         self._wall_clock = wall_clock
@@ -147,35 +155,37 @@ class Pusher:
         payload = gzip.compress(body, compresslevel=5)
         try:
             try:
-                resp = self._client.post(self.url, content=payload, headers=self._headers)
-            except _AFTER_SEND_RESET:
-                resp = self._client.post(self.url, content=payload, headers=self._headers)  # on a new connection
-        except _AFTER_SEND as exc:
+                resp = self._client.post(self.url, payload, self._headers)
+            except SentReset:
+                # The collector (or its proxy) dropped the request, maybe because of this batch; a reset on a
+                # reused keep-alive connection is common and harmless: retried once, on a new connection.
+                resp = self._client.post(self.url, payload, self._headers)
+        except (SentReset, SentTimeout) as exc:
             self.stats.failures += 1
-            self.suspects.failed(seq, None, f"no answer after the request was sent ({type(exc).__name__}: {exc})")
+            self.suspects.failed(seq, None, f"no answer after the request was sent ({exc})")
             return Verdict.TRANSIENT
-        except httpx.HTTPError as exc:
+        except Unreachable as exc:
             reason = untrusted_certificate(exc)
             self._fail(untrusted_message(self.url, reason) if reason else f"collector {self.url} unreachable: {exc}")
             return Verdict.BLOCKED
         field, error = _field_of(resp), _error_of(resp)
-        verdict = verdict_of(resp.status_code, field)
+        verdict = verdict_of(resp.status, field)
         if verdict is Verdict.LANDED:
             self.spool.ack(seq)
             self.suspects.forget(seq)
             self.stats.pushed += 1
             self.stats.last_pushed_at_s = self._wall_clock()
             return verdict
-        if resp.status_code == 409:
+        if resp.status == 409:
             self.stats.conflicts += 1
         if verdict is Verdict.REFUSED:
-            self.suspects.failed(seq, resp.status_code, error, field)
-            self._set_aside(seq, KEY_CONFLICT if resp.status_code == 409 else REJECTED)
+            self.suspects.failed(seq, resp.status, error, field)
+            self._set_aside(seq, KEY_CONFLICT if resp.status == 409 else REJECTED)
         elif verdict is Verdict.TRANSIENT:
             self.stats.failures += 1
-            self.suspects.failed(seq, resp.status_code, error, field)
+            self.suspects.failed(seq, resp.status, error, field)
         else:
-            self._blocked(seq, resp.status_code, error, field, resp.headers.get("Retry-After"))
+            self._blocked(seq, resp.status, error, field, resp.headers.get("retry-after"))
         return verdict
 
     def _blocked(self, seq: int, status: int, error: str, field: str, retry_after: str | None) -> None:
@@ -260,7 +270,7 @@ class Pusher:
         self._not_before = now + max(self._backoff_s, _retry_after_s(retry_after, self._max_backoff_s))
 
     def close(self) -> None:
-        """Close the HTTP client."""
+        """Close the connection to the collector."""
         self._client.close()
 
 
@@ -273,17 +283,24 @@ def _retry_after_s(header: str | None, most_s: float) -> float:
     return min(seconds, most_s) if seconds > 0 else 0.0  # NaN and negatives: none
 
 
-def _field_of(resp: httpx.Response) -> str:
+def _json_of(resp: Reply) -> Any:
+    try:
+        return json.loads(resp.body)
+    except ValueError:
+        return None
+
+
+def _field_of(resp: Reply) -> str:
     """The ``field`` of the collector's JSON error body ("" if there is none)."""
     try:
-        return str(resp.json().get("field") or "")[:500]
-    except (ValueError, AttributeError):
+        return str(_json_of(resp).get("field") or "")[:500]
+    except AttributeError:
         return ""
 
 
-def _error_of(resp: httpx.Response) -> str:
+def _error_of(resp: Reply) -> str:
     """The ``error`` of the collector's JSON error body, else the start of the body."""
     try:
-        return str(resp.json()["error"])[:500]
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:500]
+        return str(_json_of(resp)["error"])[:500]
+    except (KeyError, TypeError):
+        return resp.body[:500].decode(errors="replace")

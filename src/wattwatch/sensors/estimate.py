@@ -115,24 +115,37 @@ def read_cpuinfo(path: Path = Path("/proc/cpuinfo")) -> tuple[str | None, int, i
 
 
 class CpuTimesUtilisation:
-    """Busy fraction of all CPUs between calls, from psutil's cumulative CPU times.
+    """Busy fraction of all CPUs between calls, from the cumulative CPU times of ``/proc/stat``'s first
+    line (psutil's ``cpu_times()`` where there is none).
 
     Keeps its own previous sample, unlike ``psutil.cpu_percent()``, whose module-wide state other
-    callers in the process would disturb.
+    callers in the process would disturb. Read directly on Linux: one line, where psutil builds a
+    named tuple through several layers every tick.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, proc_stat: str = "/proc/stat") -> None:
+        self._proc_stat = proc_stat
+        self._last = self._times()
+
+    def _times(self) -> tuple[float, float]:
+        """(total, idle + iowait) CPU time so far, in any one unit."""
+        try:
+            with open(self._proc_stat, "rb") as f:
+                fields = f.readline().split()
+            if fields[:1] == [b"cpu"] and len(fields) >= 6:
+                values = [float(v) for v in fields[1:]]
+                return sum(values), values[3] + values[4]
+        except (OSError, ValueError):
+            pass
         import psutil
 
-        self._psutil = psutil
-        self._last = psutil.cpu_times()
+        times = psutil.cpu_times()
+        return sum(times), sum(getattr(times, n, 0.0) for n in ("idle", "iowait"))
 
     def __call__(self) -> float:
         """Percent busy since the previous call (0-100)."""
-        now = self._psutil.cpu_times()
-        idle_names = ("idle", "iowait")
-        delta_total = sum(now) - sum(self._last)
-        delta_idle = sum(getattr(now, n, 0.0) - getattr(self._last, n, 0.0) for n in idle_names)
+        now = self._times()
+        delta_total, delta_idle = now[0] - self._last[0], now[1] - self._last[1]
         self._last = now
         if delta_total <= 0:
             return 0.0

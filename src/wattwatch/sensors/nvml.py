@@ -13,6 +13,7 @@ errors are translated once, in ``nvml_errors``; ``CUDA_VISIBLE_DEVICES`` is reso
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -285,13 +286,17 @@ class NvmlSensor:
             # trusted for PHASE_MAX_AGE_S); short ones wait at most SHORT_POLL_MAX_S, for a refresh that is
             # due anyway, to keep the phase narrow.
             calibrated: set[str] = set()
-            self._poller.calibrate(
-                [d for d in counters if d.timing.wants_calibration(now_s)], lambda dev: calibrated.add(dev.key)
-            )
-            due = {d.key: d.timing.refresh_due_s(now_s) for d in counters if d.key not in calibrated}
-            short = [d for d in counters if (wait_s := due.get(d.key)) is not None and wait_s <= SHORT_POLL_MAX_S]
+            plans = {d.key: d.timing.tick_plan(now_s) for d in counters}  # one look at each GPU's grid
+            self._poller.calibrate([d for d in counters if plans[d.key][0]], lambda dev: calibrated.add(dev.key))
+            now_s = self._clock()  # those polls may have taken up to a period
+            due = {
+                d.key: until_s - now_s
+                for d in counters
+                if (until_s := plans[d.key][1]) is not None and d.key not in calibrated and until_s > now_s
+            }
+            short = [d for d in counters if due.get(d.key, math.inf) <= SHORT_POLL_MAX_S]
             if short:
-                limit_s = max(due[d.key] or 0.0 for d in short) + 2 * self.poll_interval_s
+                limit_s = max(due[d.key] for d in short) + 2 * self.poll_interval_s
                 self._poller.calibrate(short, limit_s=limit_s)
             # Then every GPU is read, back to back, so the readings are of one instant: the agent stamps a
             # sample's readings alike, and a GPU read as its poll ended, up to a poll's length (~0.2 s)

@@ -30,6 +30,10 @@ WAIT_PERIODS = 2.5
 UNLEARNED_WAIT_S = 0.6
 # Calibration polls this many times as often as boundary reads (it runs rarely and briefly).
 CALIBRATION_PACE = 4
+# An aimed calibration poll begins this many of its polls before the predicted refresh window.
+AIM_MARGIN_POLLS = 2
+# ... and polls a predicted window this many times across (never faster than CALIBRATION_PACE's pace).
+AIM_POLLS = 8
 
 
 @dataclass
@@ -246,13 +250,27 @@ class CounterPoller:
         place its phase (see ``CounterTiming.calibrated``); the instant power is read too, to learn
         whether it is live. ``done(dev)`` runs as soon as a device is calibrated (a tick read then needs
         the least extrapolation: the counter has just refreshed). Only a full calibration (no
-        ``limit_s``) counts as tried (``CounterTiming.tried_s``)."""
+        ``limit_s``) counts as tried (``CounterTiming.tried_s``). A GPU whose grid is learned is polled
+        only from just before the window it predicts the next refresh in (``CounterTiming.aim_s``): the
+        wait until then is a sleep, not reads."""
         if not devs:
             return
         clock = self.reads.clock
         start_s = clock()
         pending = {d.key: d for d in devs}
-        limits = {d.key: d.timing.poll_limit_s() if limit_s is None else limit_s for d in devs}
+        interval_s = self.poll_interval_s / CALIBRATION_PACE
+        # Each GPU's polls begin just before the window its learned grid predicts the next refresh in
+        # (at once without one): polling blindly until then reads the counter dozens of times for nothing.
+        # Within a wide predicted window, fewer polls: AIM_POLLS across it bracket the refresh to a fraction
+        # of the window (which is all the phase is then known to), at most CALIBRATION_PACE's pace.
+        windows = {d.key: d.timing.aim(start_s) for d in devs}
+        paces = {k: interval_s if w is None else max(interval_s, (w[1] - w[0]) / AIM_POLLS) for k, w in windows.items()}
+        aims = {
+            k: start_s if w is None else max(start_s, w[0] - AIM_MARGIN_POLLS * paces[k]) for k, w in windows.items()
+        }
+        limits = {d.key: d.timing.poll_limit_s() + aims[d.key] - start_s if limit_s is None else limit_s for d in devs}
+        for key in [k for k in pending if aims[k] - start_s >= limits[k]]:
+            del pending[key]  # a short poll whose refresh is not due within its limit
         runs = {d.key: d.timing.new_run() for d in devs}
         seen: dict[str, list[Change]] = {d.key: [] for d in devs}
         last: dict[str, CounterRead] = {}
@@ -260,11 +278,14 @@ class CounterPoller:
         if limit_s is None:
             for dev in devs:
                 dev.timing.tried_s = start_s
-        interval_s = self.poll_interval_s / CALIBRATION_PACE
         polls_left = int(CALIBRATION_MAX_S / interval_s) + 2  # a stuck clock cannot hang us
         while pending and polls_left > 0:
             round_start_s = clock()
+            jitter = 0.5 + self._rng.random()  # see _pause
             for key, dev in list(pending.items()):
+                if aims[key] > round_start_s:
+                    continue
+                aims[key] = round_start_s + paces[key] * jitter  # its next poll
                 # The power only until it is known to be live: each read of it lengthens the poll, and
                 # so the counter's brackets (a held reading never proves itself, so it is read on).
                 watch_power = dev.has_instant and not dev.instant_live
@@ -280,6 +301,17 @@ class CounterPoller:
                     learn_power(dev, watches[key].poll(read.raw_mj, power_w))
                 before = last.get(key)
                 last[key] = read
+                window = windows[key]
+                if window is not None and read.start_s > window[1] and (before is None or read.raw_mj == before.raw_mj):
+                    # Past the predicted window with no refresh seen: it came just before the first poll
+                    # (which began inside the window). Sleep until the next window instead of polling a
+                    # period through; a poll that may not run that long ends here.
+                    windows[key] = window = dev.timing.aim(read.end_s)
+                    if window is not None:
+                        if window[0] - start_s >= limits[key]:
+                            del pending[key]
+                            continue
+                        aims[key] = max(aims[key], window[0] - AIM_MARGIN_POLLS * paces[key])
                 if before is None:
                     continue
                 # Only a rise is a refresh: a counter that went down was reset, at no refresh instant.
@@ -297,7 +329,8 @@ class CounterPoller:
                 del pending[key]
             if not pending:
                 break
-            self._pause(round_start_s, interval_s)
+            # Until the next GPU's poll is due (at once when the calls took that long already).
+            self.sleep(max(0.0, min(aims[k] for k in pending) - now_s))
         elapsed_s = clock() - start_s
         for dev in devs:
             if limit_s is None:

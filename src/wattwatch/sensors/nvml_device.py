@@ -146,9 +146,14 @@ class NvmlReads:
 
     def counter(self, dev: GpuDevice) -> CounterRead:
         """``nvmlDeviceGetTotalEnergyConsumption`` with the clock before and after the call."""
+        # The hottest call of the agent (every tick, every poll): errors are caught inline, and the
+        # message built only when one happens.
+        nvml = self.nvml
         start_s = self.clock()
-        with nvml_errors(self.nvml, f"reading {dev.key}'s energy counter"):
-            raw_mj = int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
+        try:
+            raw_mj = int(nvml.nvmlDeviceGetTotalEnergyConsumption(dev.handle))
+        except nvml.NVMLError as exc:
+            raise translate_nvml_error(nvml, exc, f"reading {dev.key}'s energy counter") from exc
         end_s = self.clock()
         dev.latency.add(end_s - start_s)
         return CounterRead(raw_mj, start_s, end_s)
@@ -161,8 +166,10 @@ class NvmlReads:
         """``NVML_FI_DEV_POWER_INSTANT`` in W."""
         nvml = self.nvml
         start_s = self.clock()
-        with nvml_errors(nvml, f"reading {dev.key}'s instant power"):
+        try:
             value = nvml.nvmlDeviceGetFieldValues(dev.handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        except nvml.NVMLError as exc:
+            raise translate_nvml_error(nvml, exc, f"reading {dev.key}'s instant power") from exc
         dev.latency.add(self.clock() - start_s)
         if value.nvmlReturn != nvml.NVML_SUCCESS:
             raise translate_nvml_error(nvml, nvml.NVMLError(value.nvmlReturn), f"reading {dev.key}'s instant power")
@@ -225,8 +232,17 @@ def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) 
     ``NvmlSensor.read``): the counter as of its last refresh, plus the instant power over the time since,
     where the learned phase places it."""
     before = dev.last_read
-    read = reads.counter(dev)
     timing = dev.timing
+    if dev.has_instant and before is not None:
+        # Planned before reading: when the phase puts a refresh inside the read (its last one's length
+        # ahead) or just after it, wait past that refresh first, then read once (reading first and again
+        # after the wait costs a counter read per GPU near a refresh, every tick).
+        now_s = reads.clock()
+        if timing.trusted(now_s):
+            wait_s = timing.wait_before_read_s(now_s, now_s + max(0.0, before.end_s - before.start_s))
+            if wait_s > 0.0:
+                sleep(wait_s)
+    read = reads.counter(dev)
     if not (dev.has_instant and timing.trusted(read.end_s)):
         dev.last_read = read
         reads.observe(dev, read.raw_mj, read.end_s)

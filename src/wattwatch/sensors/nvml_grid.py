@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 # Gaps within this fraction of a period of a whole number of periods count as that number (refresh
@@ -50,11 +50,12 @@ class Change:
     lo_s: float
     hi_s: float
     at_s: float
+    # How far ``at_s`` can be from the refresh, at worst. Computed once: every refit of the timing model
+    # reads it for every bracket it keeps, several times.
+    uncertainty_s: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def uncertainty_s(self) -> float:
-        """How far ``at_s`` can be from the refresh, at worst."""
-        return max(self.at_s - self.lo_s, self.hi_s - self.at_s)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uncertainty_s", max(self.at_s - self.lo_s, self.hi_s - self.at_s))
 
     @classmethod
     def between(cls, before: CounterRead, after: CounterRead) -> Change:

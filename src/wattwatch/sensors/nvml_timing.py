@@ -56,6 +56,9 @@ SHORT_POLL_MAX_S = 0.012
 LOOKAHEAD_S = 30.0
 CALIBRATION_MAX_S = 1.0
 HISTORY = 128  # refresh brackets kept (the oldest are dropped)
+# A poll is aimed at the predicted window of the next refresh while that window is narrower than this
+# share of a period (wider: the refresh could come at any time, so the poll starts at once).
+AIM_MAX_WIDTH_SHARE = 0.5
 READ_MARGIN_S = 1e-5  # how far past a predicted refresh window a tick read waits
 # A tick read this close before a refresh waits for it (at most NEAR_REFRESH_S): extrapolating the
 # instant power over a whole period is the tick's largest error, waiting a few ms the cheaper cure.
@@ -196,27 +199,36 @@ class CounterTiming:
             and fit.width_at(now_s) <= PHASE_MAX_WIDTH_SHARE * fit.period_s
         )
 
+    def tick_plan(self, now_s: float) -> tuple[bool, float | None]:
+        """What a tick read at ``now_s`` needs first, from one look at the grid: whether a calibration poll
+        is due (``wants_calibration``), and when a short poll is worth it, the time by which the next
+        refresh has surely happened (``refresh_due_s``; None otherwise)."""
+        fit = self.fit
+        if fit is None:
+            return now_s - self.tried_s >= PHASE_MAX_AGE_S, None
+        width_s = fit.width_at(now_s)
+        trusted = now_s - self.last_seen_s < PHASE_MAX_AGE_S and width_s <= PHASE_MAX_WIDTH_SHARE * fit.period_s
+        if trusted and width_s <= PHASE_POLL_WIDTH_SHARE * fit.period_s:
+            wants = False
+        else:
+            wants = self.tried_ok or now_s - self.tried_s >= PHASE_MAX_AGE_S
+        until_s = None
+        if trusted and width_s > min(PHASE_REFRESH_WIDTH_S, PHASE_MAX_WIDTH_SHARE * fit.period_s):
+            until_s = fit.window(fit.last_before(now_s) + 1)[1]
+        return wants, until_s
+
     def wants_calibration(self, now_s: float) -> bool:
         """Whether a calibration poll is due: the phase is not trusted (nothing learned, stale, or its
         window grown wide). Once the period is known that poll is short (one refresh) and due at once;
         a first calibration (up to CALIBRATION_MAX_S), or any after one that saw no refresh, is tried
         once per PHASE_MAX_AGE_S."""
-        fit = self.fit
-        if fit is not None and self.trusted(now_s) and fit.width_at(now_s) <= PHASE_POLL_WIDTH_SHARE * fit.period_s:
-            return False
-        if fit is not None and self.tried_ok:
-            return True
-        return now_s - self.tried_s >= PHASE_MAX_AGE_S
+        return self.tick_plan(now_s)[0]
 
     def refresh_due_s(self, now_s: float) -> float | None:
         """When the phase is trusted but its window has grown past PHASE_REFRESH_WIDTH_S: how long until
         the next refresh has surely happened (a short poll then pins it down); None otherwise."""
-        fit = self.fit
-        if fit is None or not self.trusted(now_s):
-            return None
-        if fit.width_at(now_s) <= min(PHASE_REFRESH_WIDTH_S, PHASE_MAX_WIDTH_SHARE * fit.period_s):
-            return None
-        return fit.window(fit.last_before(now_s) + 1)[1] - now_s
+        until_s = self.tick_plan(now_s)[1]
+        return None if until_s is None else until_s - now_s
 
     def poll_limit_s(self) -> float:
         """How long a calibration poll may run: a few periods once the period is known."""
@@ -236,6 +248,17 @@ class CounterTiming:
             return False
         period_s, err_s = estimate
         return LOOKAHEAD_S / period_s * err_s < 0.25 * period_s
+
+    def aim(self, now_s: float) -> tuple[float, float] | None:
+        """The window ``(lo, hi)`` the learned grid predicts the next refresh after ``now_s`` in (it may
+        hold ``now_s``), for a poll aimed at it: polling blindly reads the counter for up to a period
+        before anything can change. None while no grid is learned or its window is too wide to aim at
+        (over AIM_MAX_WIDTH_SHARE of a period)."""
+        fit = self.fit
+        if fit is None:
+            return None
+        lo, hi = fit.window(fit.last_before(now_s) + 1)
+        return (lo, hi) if hi - lo < AIM_MAX_WIDTH_SHARE * fit.period_s else None
 
     def window_s(self, now_s: float) -> float | None:
         """Width of the predicted refresh window nearest ``now_s`` (None: no phase)."""

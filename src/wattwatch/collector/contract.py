@@ -54,6 +54,23 @@ Since = Annotated[
     ),
 ]
 Kind = Annotated[JobKind | None, Query(description="only jobs of this kind")]
+# A report page: at most this many jobs (``limit``), after the job a previous page's ``next_cursor`` names.
+REPORT_DEFAULT_LIMIT = 1000
+REPORT_MAX_LIMIT = 10_000
+# With neither ``since`` nor ``job``, a report covers this window (stated in its ``window``).
+REPORT_DEFAULT_SINCE = "7d"
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,600}$"
+Limit = Annotated[
+    int, Query(ge=1, le=REPORT_MAX_LIMIT, description="at most this many jobs on the page", examples=[100])
+]
+Cursor = Annotated[
+    str | None,
+    Query(
+        pattern=CURSOR_PATTERN,
+        max_length=600,
+        description="the next_cursor of the previous page (same filters); absent: the first page",
+    ),
+]
 _KEY = _meta(wire.Key)
 JobFilter = Annotated[
     str | None,
@@ -75,6 +92,7 @@ PATTERN_HINTS = {
     "since": "a duration: a number and a unit (s, m, h, d, w), e.g. 90s, 15m, 12h, 7d; bare: seconds",
     "job": _JOB_ID_HINT,
     "job_id": _JOB_ID_HINT,
+    "cursor": "a cursor: the next_cursor of the previous page, as given",
 }
 
 _DESCRIPTIONS = {

@@ -32,7 +32,7 @@ from wattwatch.errors import StorageError
 from wattwatch.storage import repository
 from wattwatch.storage.engine import check_schema
 from wattwatch.storage.group_ingest import Pending
-from wattwatch.units import JOB_KINDS, parse_duration_s
+from wattwatch.units import JOB_KINDS, iso_utc, parse_duration_s
 
 T = TypeVar("T")
 # Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
@@ -336,17 +336,41 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         tags=["reports"],
     )
     def report(
-        since: contract.Since = None, job: contract.JobFilter = None, kind: contract.Kind = None
+        since: contract.Since = None,
+        job: contract.JobFilter = None,
+        kind: contract.Kind = None,
+        limit: contract.Limit = contract.REPORT_DEFAULT_LIMIT,
+        cursor: contract.Cursor = None,
     ) -> dict[str, Any]:
-        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``."""
-        return repository.build_report(
-            ctx.engine,
-            since_s=_since_s(ctx, since),
-            job_id=job or None,
-            kind=_kind(kind),
-            now_s=ctx.clock(),
-            **carbon,
-        )
+        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, one page at a time (``limit``,
+        ``cursor``: ``next_cursor`` of the page before). With neither ``since`` nor ``job`` it covers the
+        last 7 days (``window`` says which window applied), so a report never reads all of history."""
+        now_s = ctx.clock()
+        default = not since and not job
+        since = contract.REPORT_DEFAULT_SINCE if default else (since or None)
+        since_s = _since_s(ctx, since)
+        if since_s is not None:
+            since_s = max(since_s, 0.0)  # "since 10,000 weeks" is since 1970: nothing was stored before
+        try:
+            report = repository.build_report(
+                ctx.engine,
+                since_s=since_s,
+                job_id=job or None,
+                kind=_kind(kind),
+                now_s=now_s,
+                limit=limit,
+                cursor=cursor or None,
+                **carbon,
+            )
+        except repository.BadCursor as exc:
+            raise ApiError(422, f"cursor: {exc}", "cursor") from None
+        report["window"] = {
+            "since": since,
+            "since_s": since_s,
+            "since_at": iso_utc(since_s),
+            "default": default,
+        }
+        return report
 
     @router.get(
         "/metrics",

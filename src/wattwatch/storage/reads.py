@@ -15,6 +15,9 @@ answers (with ``phase`` and ``phase_of`` set).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -22,13 +25,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, func, or_, select
+from sqlalchemy import Connection, Engine, Select, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from wattwatch.accounting.carbon import emissions_g
 from wattwatch.accounting.rollup import hour_floor_s
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
+    device_energy,
     devices,
     hosts,
     idle_energy,
@@ -218,6 +222,31 @@ def _phase_fields(phases: list[dict[str, Any]]) -> dict[str, Any]:
     return fields
 
 
+class BadCursor(ValueError):
+    """A report ``cursor`` this collector did not write (or a mangled one)."""
+
+
+def encode_cursor(started_at_s: float, job_id: str) -> str:
+    """The opaque ``cursor`` of a report page that ends with this job (start time and id, base64url)."""
+    raw = json.dumps([started_at_s, job_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """``encode_cursor``'s (start time, job id); BadCursor for anything it did not write."""
+    try:
+        value = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        started_at_s, job_id = value
+        if not isinstance(job_id, str) or isinstance(started_at_s, bool):
+            raise TypeError
+        started_at_s = float(started_at_s)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise BadCursor(f"{cursor[:40]!r} is not a cursor this collector gave; use next_cursor as given") from None
+    if not math.isfinite(started_at_s):
+        raise BadCursor("the cursor's start time is not a number; use next_cursor as given")
+    return started_at_s, job_id
+
+
 def build_report(
     engine: Engine,
     *,
@@ -227,27 +256,44 @@ def build_report(
     grid_intensity_g_per_kwh: float = 400.0,
     pue: float = 1.0,
     now_s: float | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``.
+    """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}], "next_cursor"}``.
 
     ``since_s`` keeps jobs that ended at or after it (or still run) and idle energy from the hour
     containing it on. ``job_id`` narrows to one job, and idle to that job's hosts. Jobs are in start
     order. ``now_s`` (default: the clock) is where a running job's duration ends.
+
+    Paging: ``limit`` jobs at most per page (None: all); ``next_cursor`` is None on the last page, else
+    what to pass as ``cursor`` for the next one (keyset paging on start time and id, so a job starting
+    meanwhile never shifts a page). Idle energy is on the first page only, so pages add up.
     """
     now_s = time.time() if now_s is None else now_s
     where = _job_where(since_s=since_s, job_id=job_id, kind=kind)
+    if cursor is not None:
+        after_s, after_id = decode_cursor(cursor)
+        where.append(or_(jobs.c.started_at_s > after_s, and_(jobs.c.started_at_s == after_s, jobs.c.id > after_id)))
     with _snapshot(engine) as conn:
-        entries = _job_entries(
-            conn,
-            select(jobs.c.id).where(*where),
-            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
-            pue=pue,
-            now_s=now_s,
-        )
+        if limit is None:
+            page = select(jobs.c.id).where(*where)
+            more = False
+        else:
+            # Only the page's ids are read in order; entries (the joins) are built for those alone.
+            ids = (
+                conn.execute(select(jobs.c.id).where(*where).order_by(jobs.c.started_at_s, jobs.c.id).limit(limit + 1))
+                .scalars()
+                .all()
+            )
+            more = len(ids) > limit
+            page = select(jobs.c.id).where(jobs.c.id.in_(list(ids[:limit])))
+        entries = _job_entries(conn, page, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, pue=pue, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
-        idle = _idle(conn, since_s=since_s, host_names=idle_host_names)
-    return {"jobs": ordered, "idle": idle}
+        idle = [] if cursor is not None else _idle(conn, since_s=since_s, host_names=idle_host_names)
+    last = ordered[-1] if ordered and more else None
+    next_cursor = encode_cursor(last["started_at_s"], last["id"]) if last is not None else None
+    return {"jobs": ordered, "idle": idle, "next_cursor": next_cursor}
 
 
 def _idle(conn: Connection, *, since_s: float | None, host_names: set[str] | None) -> list[dict[str, Any]]:
@@ -406,28 +452,27 @@ def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals
             if job_id in snap.jobs:
                 snap.jobs[job_id].queries = figures.queries
                 snap.jobs[job_id].tokens = figures.tokens_in + figures.tokens_out
-        idle_host = idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
-            hosts, devices.c.host_id == hosts.c.id
-        )
-        idle_rows = conn.execute(
-            select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(idle_energy.c.energy_j))
-            .select_from(idle_host)
-            .group_by(hosts.c.name, devices.c.key, devices.c.kind)
-        ).all()
-        # Every job ever, not only visible ones: a host's energy counter must never go down.
-        job_rows = conn.execute(
-            select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(jde.c.energy_j))
-            .select_from(device_host)
-            .group_by(hosts.c.name, devices.c.key, devices.c.kind)
+        # One row per device (device_energy: running totals ingest keeps), not every idle hour and job ever.
+        device_rows = conn.execute(
+            select(
+                hosts.c.name, devices.c.key, devices.c.kind, device_energy.c.job_energy_j, device_energy.c.idle_energy_j
+            )
+            .select_from(
+                device_energy.join(devices, device_energy.c.device_id == devices.c.id).join(
+                    hosts, devices.c.host_id == hosts.c.id
+                )
+            )
+            .order_by(hosts.c.name, devices.c.key)
         ).all()
         snap.host_seen = [
             (name, float(seen_s)) for name, seen_s in conn.execute(select(hosts.c.name, hosts.c.last_seen_s))
         ]
     host_totals: dict[tuple[str, str, str], float] = {}
-    for host, key, device_kind, energy_j in idle_rows:
-        snap.idle.append((host, key, device_kind, float(energy_j)))
-        host_totals[(host, key, device_kind)] = host_totals.get((host, key, device_kind), 0.0) + float(energy_j)
-    for host, key, device_kind, energy_j in job_rows:
-        host_totals[(host, key, device_kind)] = host_totals.get((host, key, device_kind), 0.0) + float(energy_j)
+    for host, key, device_kind, job_j, idle_j in device_rows:
+        if idle_j:
+            # A device that never idled (always some job's) has no idle series, as before device_energy.
+            snap.idle.append((host, key, device_kind, float(idle_j)))
+        # A host's energy counter never goes down: every job ever counts, not only those /metrics still shows.
+        host_totals[(host, key, device_kind)] = float(job_j) + float(idle_j)
     snap.host = [(h, k, dk, e) for (h, k, dk), e in sorted(host_totals.items())]
     return snap

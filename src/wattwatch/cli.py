@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,7 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--db", metavar="URL", help="read a database directly (default: the embedded one)")
     rep.add_argument("--job", metavar="ID", help="only this job")
     rep.add_argument("--kind", choices=JOB_KINDS, help="only jobs of this kind")
-    rep.add_argument("--since", metavar="DURATION", help="only jobs active in this window, e.g. 7d, 12h")
+    rep.add_argument(
+        "--since",
+        metavar="DURATION",
+        help="only jobs active in this window, e.g. 30d, 12h (default 7d; every time for --job)",
+    )
+    rep.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N jobs, oldest first (default 1000)")
+    rep.add_argument("--cursor", metavar="CURSOR", help="the next page: the cursor the previous page printed")
     rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
     _add_token(rep, "bearer token for --server: a reader token")
     _add_ca_file(rep)
@@ -639,19 +646,28 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch.report import render
+    from wattwatch.limits import CURSOR_PATTERN, REPORT_DEFAULT_SINCE, REPORT_MAX_LIMIT
+    from wattwatch.report import render, window_note
 
+    if not 1 <= args.limit <= REPORT_MAX_LIMIT:
+        raise UsageError(f"--limit {args.limit} is out of range; use 1 to {REPORT_MAX_LIMIT}")
+    if args.cursor is not None and not re.fullmatch(CURSOR_PATTERN, args.cursor):
+        raise UsageError("--cursor is not one a report printed; copy it from the line `more jobs: --cursor ...`")
+    # No --since and no --job: the last 7 days, as the collector's API does; the output says so.
+    default = not args.since and not args.job
+    since = REPORT_DEFAULT_SINCE if default else args.since
     since_s = None
-    if args.since:
+    if since:
         try:
-            since_s = time.time() - parse_duration_s(args.since)
+            since_s = max(time.time() - parse_duration_s(since), 0.0)
         except ValueError as exc:
             raise UsageError(f"--since: {exc}") from None
     if args.server:
         report = _report_from_server(args, settings)
     else:
         from wattwatch.storage.engine import check_ready
-        from wattwatch.storage.repository import build_report
+        from wattwatch.storage.repository import BadCursor, build_report
+        from wattwatch.units import iso_utc
 
         engine = check_ready(args.db or settings.resolved_db_url)
         try:
@@ -662,12 +678,24 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
                 kind=args.kind,
                 grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
                 pue=settings.pue,
+                limit=args.limit,
+                cursor=args.cursor,
             )
+        except BadCursor:
+            raise UsageError(
+                "--cursor is not one a report printed; copy it from the line `more jobs: --cursor ...`"
+            ) from None
         finally:
             engine.dispose()
+        report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
     if args.job and not report["jobs"]:
         raise UsageError(f"no job {args.job!r} in this database; list jobs with `wattwatch report`")
     print(render(report, args.format))
+    if args.format in ("csv", "json"):
+        # Machine formats stay parseable on stdout (JSON holds window and next_cursor); people read stderr.
+        note = window_note(report)
+        if note:
+            sys.stderr.write(note + "\n")
     return 0
 
 
@@ -676,7 +704,10 @@ def _report_from_server(args: argparse.Namespace, settings: Settings) -> dict[st
 
     from wattwatch.tls import client_verify, untrusted_certificate, untrusted_message
 
-    params = {k: v for k, v in (("job", args.job), ("kind", args.kind), ("since", args.since)) if v}
+    params: dict[str, Any] = {
+        k: v for k, v in (("job", args.job), ("kind", args.kind), ("since", args.since), ("cursor", args.cursor)) if v
+    }
+    params["limit"] = args.limit
     headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
     url = args.server.rstrip("/") + "/api/v1/report"
     try:

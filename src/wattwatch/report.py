@@ -103,6 +103,18 @@ def render(report: Mapping[str, Any], fmt: str = "table") -> str:
     raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
+def window_note(report: Mapping[str, Any]) -> str:
+    """What the report covers and how to see more: its window and, when there is a next page, the cursor."""
+    lines = []
+    window = report.get("window") or {}
+    if window.get("since_at"):
+        how = "the default; --since to change" if window.get("default") else "--since " + str(window.get("since"))
+        lines.append(f"Jobs active since {window['since_at']} ({how}).")
+    if report.get("next_cursor"):
+        lines.append(f"more jobs: --cursor {report['next_cursor']}")
+    return "\n".join(lines)
+
+
 def format_energy(energy_j: float | None) -> str:
     """Joules in a readable unit: ``812 J``, ``45.2 kJ``, ``3.41 kWh``."""
     if energy_j is None:
@@ -170,12 +182,18 @@ def _idle_rows(report: Mapping[str, Any]) -> list[list[str]]:
 
 def _table(report: Mapping[str, Any]) -> str:
     header, rows = _rows(report)
-    parts = [_grid(header, rows) if rows else "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."]
+    empty = "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."
+    if (report.get("window") or {}).get("since_at"):
+        empty = "No jobs recorded yet in this window (--since 30d looks further back)."
+    parts = [_grid(header, rows) if rows else empty]
     idle = _idle_rows(report)
     if idle:
         parts += ["", "Idle energy (held by no job):", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
     if any("estimate" in (j.get("sources") or []) for j in report.get("jobs", [])):
         parts += ["", "Note: 'estimate' energy comes from a TDP model (no RAPL counter here), not a measurement."]
+    note = window_note(report)
+    if note:
+        parts += ["", note]
     return "\n".join(parts)
 
 
@@ -189,6 +207,9 @@ def _markdown(report: Mapping[str, Any]) -> str:
     idle = _idle_rows(report)
     if idle:
         lines += ["", "**Idle energy**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
+    note = window_note(report)
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
 
 

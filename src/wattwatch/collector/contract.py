@@ -26,7 +26,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from wattwatch import wire
+from wattwatch import limits, wire
 from wattwatch.collector.responses import RESPONSE_BODIES
 from wattwatch.units import JobKind
 
@@ -54,12 +54,12 @@ Since = Annotated[
     ),
 ]
 Kind = Annotated[JobKind | None, Query(description="only jobs of this kind")]
-# A report page: at most this many jobs (``limit``), after the job a previous page's ``next_cursor`` names.
-REPORT_DEFAULT_LIMIT = 1000
-REPORT_MAX_LIMIT = 10_000
-# With neither ``since`` nor ``job``, a report covers this window (stated in its ``window``).
-REPORT_DEFAULT_SINCE = "7d"
-CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,600}$"
+# A report page: at most ``limit`` jobs, after the job a previous page's ``next_cursor`` names; with neither
+# ``since`` nor ``job``, the default window (stated in the answer's ``window``).
+REPORT_DEFAULT_LIMIT = limits.REPORT_DEFAULT_LIMIT
+REPORT_MAX_LIMIT = limits.REPORT_MAX_LIMIT
+REPORT_DEFAULT_SINCE = limits.REPORT_DEFAULT_SINCE
+CURSOR_PATTERN = limits.CURSOR_PATTERN
 Limit = Annotated[
     int, Query(ge=1, le=REPORT_MAX_LIMIT, description="at most this many jobs on the page", examples=[100])
 ]

@@ -80,7 +80,12 @@ def test_ingest_duplicate_and_report(client: TestClient, db_engine: Engine, cloc
     report = client.get("/api/v1/report").json()
     # No since: the default window, stated in the answer.
     window = report.pop("window")
-    assert window == {"since": "7d", "since_s": clock() - 7 * 86400, "since_at": "2023-11-07T22:15:00Z", "default": True}
+    assert window == {
+        "since": "7d",
+        "since_s": clock() - 7 * 86400,
+        "since_at": "2023-11-07T22:15:00Z",
+        "default": True,
+    }
     assert report == repository.build_report(db_engine, now_s=clock(), since_s=window["since_s"], limit=1000)
     (job,) = report["jobs"]
     assert (job["id"], job["energy_j"], job["hosts"]) == ("train-1", 3000.0, ["h1"])

@@ -54,11 +54,7 @@ def job_batch(seq: int, job_id: str, t0_s: float) -> wire.Batch:
         host="h1",
         devices=GPUS,
         sent_at_s=t0_s + SECONDS,
-        jobs=[
-            wire.Job(
-                id=job_id, name=job_id, kind="inference", started_at_s=t0_s, ended_at_s=t0_s + SECONDS
-            )
-        ],
+        jobs=[wire.Job(id=job_id, name=job_id, kind="inference", started_at_s=t0_s, ended_at_s=t0_s + SECONDS)],
         intervals=[iv("gpu0", t0_s + t, GPU_J, {job_id: 1.0}) for t in range(SECONDS)]
         + [iv("gpu1", t0_s + t, IDLE_J, {}) for t in range(SECONDS)],
         queries=[wire.Query(job=job_id, t_start_s=t0_s + 1, t_end_s=t0_s + 3, tokens_in=5, tokens_out=7)],
@@ -104,8 +100,10 @@ def stored(settings: Settings, db_engine: Engine) -> Iterator[tuple[TestClient, 
         yield client, clock
 
 
-def test_prune_deletes_past_retention_and_keeps_rollups(stored: tuple[TestClient, FakeClock], db_engine: Engine) -> None:
-    client, clock = stored
+def test_prune_deletes_past_retention_and_keeps_rollups(
+    stored: tuple[TestClient, FakeClock], db_engine: Engine
+) -> None:
+    client, _clock = stored
     old = (energy_intervals.c.t_end_s < NEW_S - DAY_S, job_ticks.c.t_end_s < NEW_S - DAY_S)
     assert count(db_engine, energy_intervals, old[0]) == 2 * SECONDS  # the old job's raw rows are there
     assert count(db_engine, job_ticks, old[1]) >= 1

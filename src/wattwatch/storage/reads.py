@@ -297,20 +297,20 @@ def build_report(
 
 
 def _idle(conn: Connection, *, since_s: float | None, host_names: set[str] | None) -> list[dict[str, Any]]:
+    # Summed per device first (the window's hours through ix_idle_energy_hour_s), then named: the join and
+    # the grouping by names run over one row per device rather than one per device and hour.
+    per_device = select(idle_energy.c.device_id, func.sum(idle_energy.c.energy_j).label("energy_j"))
+    if since_s is not None:
+        per_device = per_device.where(idle_energy.c.hour_s >= hour_floor_s(since_s))
+    if host_names is not None:
+        on_hosts = select(devices.c.id).join(hosts, devices.c.host_id == hosts.c.id)
+        per_device = per_device.where(idle_energy.c.device_id.in_(on_hosts.where(hosts.c.name.in_(sorted(host_names)))))
+    sums = per_device.group_by(idle_energy.c.device_id).subquery()
     stmt = (
-        select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(idle_energy.c.energy_j))
-        .select_from(
-            idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
-                hosts, devices.c.host_id == hosts.c.id
-            )
-        )
-        .group_by(hosts.c.name, devices.c.key, devices.c.kind)
+        select(hosts.c.name, devices.c.key, devices.c.kind, sums.c.energy_j)
+        .select_from(sums.join(devices, sums.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id))
         .order_by(hosts.c.name, devices.c.key)
     )
-    if since_s is not None:
-        stmt = stmt.where(idle_energy.c.hour_s >= hour_floor_s(since_s))
-    if host_names is not None:
-        stmt = stmt.where(hosts.c.name.in_(sorted(host_names)))
     return [
         {"host": host, "device": key, "energy_j": float(energy_j), "device_kind": kind}
         for host, key, kind, energy_j in conn.execute(stmt)

@@ -659,7 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{r['backend_cpu']:.2f}" if r["backend_cpu"] is not None else "-",
         f"{r['client_cpu']:.2f}",
         ceiling,
-        f"{rate / best:.2f}",
+        f"{rate / best:.2g}",
     ]
     print(table(header, [row]))
     if res.error_samples:

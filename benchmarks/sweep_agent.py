@@ -28,8 +28,7 @@ import logging
 import random
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -117,14 +116,6 @@ def _write_proc(root: Path, pid: int) -> None:
     (root / str(pid) / "stat").write_text(f"{pid} (python) {fields}\n")
 
 
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the agent's worker did not {what} within {WAIT_S:g} s")
-        time.sleep(0.0005)
-
-
 @contextmanager
 def _quiet() -> Iterator[None]:
     """The agent logs every job and its failed pushes (there is no collector here): errors only."""
@@ -191,13 +182,15 @@ def _measure(
 
 
 def _request(agent: Agent, msg: dict[str, object]) -> None:
-    """Send a job boundary and wait until the worker has handled it whole: it seals a batch into the spool
-    last (after the boundary read, the claim or release of processes), so the spool grows by one."""
-    before = agent.spool.pending()
+    """Send a job boundary and wait until the worker has handled it whole (``Agent.drain``). Waiting for
+    the spool to grow was not enough: the push thread, woken by the boundary before, may seal a batch
+    first, and the next action then moved the clock under a boundary read still polling (a job now
+    and then off by 2-3 % on a loaded machine)."""
     reply = agent.handle(msg)
     if not reply["ok"]:
         raise RuntimeError(f"{msg['op']} {msg['id']} refused: {reply}")
-    _wait(lambda: agent.spool.pending() > before, f"handle {msg['op']} {msg['id']}")
+    if not agent.drain(WAIT_S):
+        raise RuntimeError(f"the agent's worker did not handle {msg['op']} {msg['id']} within {WAIT_S:g} s")
 
 
 def _act(agent: Agent, fleet: SimulatedFleet, proc: Path, a: _Action) -> None:

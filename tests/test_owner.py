@@ -161,7 +161,7 @@ def test_a_process_on_the_gpu_before_its_jobs_is_their_setup_never_a_stray_job(
     table = render(report, "table")
     assert "SETUP" in table.splitlines()[0] and "AFTER" in table.splitlines()[0]
     csv_lines = render(report, "csv").splitlines()
-    assert csv_lines[0].endswith("setup_energy_j,setup_duration_s,after_energy_j,after_duration_s")
+    assert ",setup_energy_j,setup_duration_s,after_energy_j,after_duration_s," in csv_lines[0] + ","
     assert "| SETUP |" in render(report, "markdown")
 
 

@@ -8,27 +8,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import logging
 import os
-import re
-import signal
-import subprocess
 import sys
 import time
-import uuid
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from wattwatch import __version__
+from wattwatch.cli_errors import RuntimeFailure, UsageError
 from wattwatch.config import Settings, load_settings, parse_listen, resolve_token
 from wattwatch.errors import ConfigError, WattwatchError
 from wattwatch.units import JOB_KINDS, parse_duration_s
 
-
-class UsageError(Exception):
-    """A flag or argument the user must fix; printed as one line, exit 2."""
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
   wattwatch report --since 7d --format json""",
     )
     p.add_argument("--version", action="version", version=f"wattwatch {__version__}")
-    p.add_argument("--home", help="state directory (default $WATTWATCH_HOME or ~/.local/share/wattwatch)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    _add_globals(p, default=None)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     up = sub.add_parser(
@@ -152,6 +147,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="job name (default: the command)")
     run.add_argument("--label", action="append", default=[], metavar="K=V", help="add a label (repeatable)")
     run.add_argument("--job-id", help="join this job id (default $WATTWATCH_JOB or a new id)")
+    run_src = run.add_mutually_exclusive_group()
+    run_src.add_argument(
+        "--server", metavar="URL", help="ask this collector for the summary (default: the one the agent pushes to)"
+    )
+    run_src.add_argument("--db", metavar="URL", help="read the summary from this database instead")
+    run.add_argument(
+        "--summary-wait",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="wait up to S seconds for the job's figures after it ends (default 15; 0: no summary)",
+    )
+    _add_token(run, "bearer token for the summary: a reader token")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
     rep = sub.add_parser(
@@ -159,18 +167,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-job energy summaries",
         formatter_class=_fmt(),
         epilog="examples:\n  wattwatch report --since 7d\n"
+        "  wattwatch report --since 2026-11-30 --until 2026-12-01 --name 'llama-*' --label team=nlp\n"
+        "  wattwatch report --job 3f2a9c1e         an id prefix as the table shows it, or a job name\n"
         "  wattwatch report --server http://collector:8470 --kind inference --format json\n"
         "  WATTWATCH_TOKEN_FILE=reader.token wattwatch report --server https://collector:8470 --ca-file ca.pem",
     )
     src = rep.add_mutually_exclusive_group()
     src.add_argument("--server", metavar="URL", help="ask a running collector")
     src.add_argument("--db", metavar="URL", help="read a database directly (default: the embedded one)")
-    rep.add_argument("--job", metavar="ID", help="only this job")
+    rep.add_argument("--job", metavar="REF", help="only this job: its id, a unique prefix of it, or its name")
     rep.add_argument("--kind", choices=JOB_KINDS, help="only jobs of this kind")
     rep.add_argument(
         "--since",
-        metavar="DURATION",
-        help="only jobs active in this window, e.g. 30d, 12h (default 7d; every time for --job)",
+        metavar="WHEN",
+        help="only jobs running or ended after WHEN: a duration back from now (90s, 15m, 12h, 7d) or a date "
+        "(2026-11-30, 2026-11-30T08:00Z); idle energy follows, in whole hours (default 7d unless --until or "
+        "--job is given)",
+    )
+    rep.add_argument("--until", metavar="WHEN", help="only jobs started before WHEN (as --since)")
+    rep.add_argument("--host", help="only jobs that ran on this host (and idle energy of this host)")
+    rep.add_argument("--name", metavar="GLOB", help="only jobs whose name matches this glob, e.g. 'llama-*'")
+    rep.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="only jobs with this label (K=V, or K for any value); repeatable, all must hold",
     )
     rep.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N jobs, oldest first (default 1000)")
     rep.add_argument("--cursor", metavar="CURSOR", help="the next page: the cursor the previous page printed")
@@ -208,7 +230,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     token_cli.add_parser(sub, _fmt(), _add_db)
     spool_cli.add_parser(sub, _fmt())
+    for parser in _subparsers(p):
+        # Global options after the command too (`wattwatch report --home X`); SUPPRESS keeps one given
+        # before the command when it is not repeated after.
+        _add_globals(parser, default=argparse.SUPPRESS)
     return p
+
+
+def _add_globals(p: argparse.ArgumentParser, *, default: Any) -> None:
+    p.add_argument(
+        "--home", default=default, help="state directory (default $WATTWATCH_HOME or ~/.local/share/wattwatch)"
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", default=default or False, help="log more (same as --log-level debug)"
+    )
+    p.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=default,
+        type=str.lower,
+        help="log lines (on stderr) from this level up; default info for services, warning for the rest",
+    )
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p`` (commands and their actions)."""
+    out: list[argparse.ArgumentParser] = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                out += [child, *_subparsers(child)]
+    return out
 
 
 # --- identity (issue 9): tokens from argv, the environment or a file; TLS; the open-collector guard --------
@@ -397,6 +449,11 @@ def _add_listen(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wattwatch`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    negative = _negative_duration(argv)
+    if negative:
+        sys.stderr.write(f"wattwatch: error: {negative}\n")
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     # As typed: the collector's supervisor starts its workers with the same arguments.
@@ -404,14 +461,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    # Services log what they do; one-shot commands print their answer and only warnings besides.
-    quiet = args.command not in ("up", "demo", "collector", "agent")
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else (logging.WARNING if quiet else logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # Services log what they do; one-shot commands (the demo too: it prints its own story and a table)
+    # print their answer and only warnings besides. Logs go to stderr, answers to stdout.
+    quiet = args.command not in ("up", "collector", "agent")
+    level = logging.DEBUG if args.verbose else (logging.WARNING if quiet else logging.INFO)
+    if args.log_level:
+        level = getattr(logging, args.log_level.upper())
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.DEBUG if level <= logging.DEBUG else max(level, logging.WARNING))
     try:
         if args.home:
             os.environ["WATTWATCH_HOME"] = str(Path(args.home).expanduser())
@@ -420,8 +478,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, WattwatchError) as exc:
         sys.stderr.write(f"wattwatch {args.command}: error: {exc}\n")
         return 2
+    except RuntimeFailure as exc:
+        sys.stderr.write(f"wattwatch {args.command}: error: {exc}\n")
+        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # never a traceback for a user; -v / --log-level debug logs it
+        logging.getLogger("wattwatch").debug("unexpected error", exc_info=True)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        sys.stderr.write(
+            f"wattwatch {args.command}: error: unexpected {type(exc).__name__}: {first}; rerun with "
+            "--log-level debug for details and report it\n"
+        )
+        return 1
+
+
+# Options taking a duration or a time; argparse reads "-5d" after them as an option and says only
+# "expected one argument".
+_TIME_OPTIONS = ("--since", "--until", "--time-window-past", "--time-window-future")
+
+
+def _negative_duration(argv: list[str]) -> str | None:
+    """The one-line error for a negative duration given as ``--since -5d``, else None."""
+    for flag, value in itertools.pairwise(argv):
+        if flag == "--":
+            return None
+        if flag in _TIME_OPTIONS and len(value) > 1 and value[0] == "-" and (value[1].isdigit() or value[1] == "."):
+            return f"{flag} {value}: negative durations are invalid; give how far back as a positive one, e.g. 5d"
+    return None
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
@@ -475,7 +559,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     if args.command in ("up", "collector"):
         changes.update(_retention_changes(args, settings))
     settings = dataclasses.replace(settings, **changes)
-    return resolve_token(settings) if args.command in ("up", "demo", "collector", "agent", "report") else settings
+    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run")
+    return resolve_token(settings) if needs_token else settings
 
 
 def _check_workers(workers: int, settings: Settings) -> None:
@@ -520,9 +605,13 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         run_agent(settings, simulate=args.simulate, flaws=_sim_flaws(args, args.simulate), options=_agent_options(args))
         return 0
     if cmd == "run":
-        return _run(args, settings)
+        from wattwatch import run_cli
+
+        return run_cli.run(args, settings)
     if cmd == "report":
-        return _report(args, settings)
+        from wattwatch import report_cli
+
+        return report_cli.run(args, settings)
     if cmd == "doctor":
         return _doctor(args, settings)
     if cmd == "token":
@@ -536,14 +625,27 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
-        from wattwatch.storage.migrate import upgrade
-
         if not settings.db_url:
             settings.home.mkdir(parents=True, exist_ok=True)
-        upgrade(settings.resolved_db_url)
-        print(f"wattwatch db: {settings.resolved_db_url} is at the current schema")
+        print(f"wattwatch db: {_upgrade_db(settings.resolved_db_url)}")
         return 0
     raise UsageError(f"unknown command {cmd!r}")
+
+
+def _upgrade_db(url: str) -> str:
+    """Migrate the database at ``url``; what was done, in words: created, upgraded, or already current."""
+    from wattwatch.storage.engine import display_url
+    from wattwatch.storage.migrate import current_revision, head_revision, upgrade
+
+    shown = display_url(url)
+    before = current_revision(url)
+    upgrade(url)
+    head = head_revision()
+    if before is None:
+        return f"created the schema (revision {head}) in {shown}"
+    if before == head:
+        return f"{shown} was already at the current schema (revision {head}); nothing to do"
+    return f"upgraded {shown} from revision {before} to {head}"
 
 
 def _check_simulate(n: int) -> None:
@@ -577,150 +679,19 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     report["jobs"] = [j for j in report["jobs"] if str(j["id"]).startswith("demo-")]
     print()
     print(render(report, "table"))
-    print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `wattwatch report`.")
+    print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `{_report_command(args)}`.")
     return 0
 
 
-def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch.sdk import AgentClient
+def _report_command(args: argparse.Namespace) -> str:
+    """The ``wattwatch report`` that reads the database this command used."""
+    import shlex
 
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UsageError("no command given; put it after --, e.g. `wattwatch run --kind training -- python train.py`")
-    labels: dict[str, str] = {}
-    for item in args.label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--label {item!r} is not K=V; use e.g. --label team=nlp")
-        labels[key] = value
-    job_id = args.job_id or os.environ.get("WATTWATCH_JOB") or uuid.uuid4().hex
-    client = AgentClient(settings.socket_path, timeout_s=2.0)
-    started = False
-    try:
-        reply = client.request(
-            {
-                "op": "job_start",
-                "id": job_id,
-                "name": args.name or Path(cmd[0]).name,
-                "kind": args.kind,
-                "labels": labels,
-                "pid": os.getpid(),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "via": "run",
-            }
-        )
-        if reply.get("ok"):
-            started = True
-            if reply.get("warning"):
-                sys.stderr.write(f"wattwatch run: warning: {reply['warning']}\n")
-        else:
-            raise UsageError(f"the agent refused the job: {reply.get('error')}")
-    except (OSError, ValueError) as exc:
-        sys.stderr.write(
-            f"wattwatch run: warning: no agent at {settings.socket_path} ({exc}); running the "
-            "command unmeasured. Start one with `wattwatch up` or `wattwatch agent`.\n"
-        )
-    env = {**os.environ, "WATTWATCH_JOB": job_id, "WATTWATCH_KIND": args.kind}
-    try:
-        child = subprocess.Popen(cmd, env=env)
-    except OSError as exc:
-        if started:
-            client.request({"op": "job_end", "id": job_id})
-        raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
-
-    def forward(signum: int, frame: object) -> None:
-        child.send_signal(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    code = child.wait()
-    if started:
-        try:
-            client.request({"op": "job_end", "id": job_id})
-        except (OSError, ValueError) as exc:
-            sys.stderr.write(f"wattwatch run: warning: could not tell the agent the job ended ({exc})\n")
-    client.close()
-    return code if code >= 0 else 128 - code
-
-
-def _report(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch.limits import CURSOR_PATTERN, REPORT_DEFAULT_SINCE, REPORT_MAX_LIMIT
-    from wattwatch.report import render, window_note
-
-    if not 1 <= args.limit <= REPORT_MAX_LIMIT:
-        raise UsageError(f"--limit {args.limit} is out of range; use 1 to {REPORT_MAX_LIMIT}")
-    if args.cursor is not None and not re.fullmatch(CURSOR_PATTERN, args.cursor):
-        raise UsageError("--cursor is not one a report printed; copy it from the line `more jobs: --cursor ...`")
-    # No --since and no --job: the last 7 days, as the collector's API does; the output says so.
-    default = not args.since and not args.job
-    since = REPORT_DEFAULT_SINCE if default else args.since
-    since_s = None
-    if since:
-        try:
-            since_s = max(time.time() - parse_duration_s(since), 0.0)
-        except ValueError as exc:
-            raise UsageError(f"--since: {exc}") from None
-    if args.server:
-        report = _report_from_server(args, settings)
-    else:
-        from wattwatch.storage.engine import check_ready
-        from wattwatch.storage.repository import BadCursor, build_report
-        from wattwatch.units import iso_utc
-
-        engine = check_ready(args.db or settings.resolved_db_url)
-        try:
-            report = build_report(
-                engine,
-                since_s=since_s,
-                job_id=args.job,
-                kind=args.kind,
-                grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
-                pue=settings.pue,
-                limit=args.limit,
-                cursor=args.cursor,
-            )
-        except BadCursor:
-            raise UsageError(
-                "--cursor is not one a report printed; copy it from the line `more jobs: --cursor ...`"
-            ) from None
-        finally:
-            engine.dispose()
-        report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
-    if args.job and not report["jobs"]:
-        raise UsageError(f"no job {args.job!r} in this database; list jobs with `wattwatch report`")
-    print(render(report, args.format))
-    if args.format in ("csv", "json"):
-        # Machine formats stay parseable on stdout (JSON holds window and next_cursor); people read stderr.
-        note = window_note(report)
-        if note:
-            sys.stderr.write(note + "\n")
-    return 0
-
-
-def _report_from_server(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    import httpx
-
-    from wattwatch.tls import client_verify, untrusted_certificate, untrusted_message
-
-    params: dict[str, Any] = {
-        k: v for k, v in (("job", args.job), ("kind", args.kind), ("since", args.since), ("cursor", args.cursor)) if v
-    }
-    params["limit"] = args.limit
-    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
-    url = args.server.rstrip("/") + "/api/v1/report"
-    try:
-        resp = httpx.get(url, params=params, headers=headers, timeout=30, verify=client_verify(settings.ca_file))
-    except httpx.HTTPError as exc:
-        reason = untrusted_certificate(exc)
-        if reason:
-            raise UsageError(untrusted_message(args.server, reason)) from None
-        raise UsageError(f"collector at {args.server} unreachable ({exc}); check --server") from None
-    if resp.status_code != 200:
-        raise UsageError(f"collector answered HTTP {resp.status_code}: {resp.text[:200]}")
-    result: dict[str, Any] = resp.json()
-    return result
+    if getattr(args, "db", None):
+        return f"wattwatch report --db {shlex.quote(args.db)}"
+    if args.home:
+        return f"wattwatch --home {shlex.quote(str(Path(args.home).expanduser()))} report"
+    return "wattwatch report"
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:

@@ -39,6 +39,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("energy_per_step_j", "J/STEP"),
     ("emissions_g", "CO2e g"),
     ("sources", "SOURCES"),
+    ("reason", "NOTE"),
 )
 # Columns shown only when at least one job has a value in them.
 _OPTIONAL = frozenset(
@@ -49,6 +50,7 @@ _OPTIONAL = frozenset(
         "energy_per_step_j",
         "setup_energy_j",
         "after_energy_j",
+        "reason",
     }
 )
 
@@ -87,6 +89,9 @@ _CSV_FIELDS = (
     "setup_duration_s",
     "after_energy_j",
     "after_duration_s",
+    # Why a job shows 0 J or no GPU, and what to do (issue 11).
+    "reason",
+    "fix",
 )
 
 
@@ -107,9 +112,10 @@ def window_note(report: Mapping[str, Any]) -> str:
     """What the report covers and how to see more: its window and, when there is a next page, the cursor."""
     lines = []
     window = report.get("window") or {}
-    if window.get("since_at"):
-        how = "the default; --since to change" if window.get("default") else "--since " + str(window.get("since"))
-        lines.append(f"Jobs active since {window['since_at']} ({how}).")
+    if window.get("default"):
+        lines.append(f"Jobs active in the last {window.get('since')} (the default; --since to change).")
+    elif window.get("since_at"):
+        lines.append(f"Jobs active since {window['since_at']} (--since {window.get('since')}).")
     if report.get("next_cursor"):
         lines.append(f"more jobs: --cursor {report['next_cursor']}")
     return "\n".join(lines)
@@ -139,10 +145,15 @@ def format_duration(duration_s: float | None) -> str:
     return f"{int(duration_s // 3600)}h{int(duration_s % 3600 // 60):02d}m"
 
 
-def _cell(job: Mapping[str, Any], key: str) -> str:
+def _cell(job: Mapping[str, Any], key: str, notes: Mapping[str, int] | None = None) -> str:
     value = job.get(key)
+    if key == "reason":
+        # A footnote mark: the reason and its fix are printed under the table, where there is room.
+        return f"[{notes[job['id']]}]" if notes and job["id"] in notes else ""
     if key == "id":
-        return str(value)[:12]
+        # The unique prefix the database computed (``--job`` takes it back); the whole id from a collector
+        # too old to say, since a cut of our own could be ambiguous.
+        return str(job.get("short_id") or value)
     if key == "status":
         if job.get("ended_at") is None:
             return "running"
@@ -161,11 +172,29 @@ def _cell(job: Mapping[str, Any], key: str) -> str:
     return "-" if value is None else str(value)
 
 
+def _notes(report: Mapping[str, Any]) -> dict[str, int]:
+    """job id -> its footnote number, for the jobs that carry a reason."""
+    with_reason = [j["id"] for j in report.get("jobs", []) if j.get("reason")]
+    return {job_id: n for n, job_id in enumerate(with_reason, start=1)}
+
+
+def _footnotes(report: Mapping[str, Any]) -> list[str]:
+    """``[n] JOB: reason. Fix: fix`` for each job with a reason."""
+    notes = _notes(report)
+    lines = []
+    for job in report.get("jobs", []):
+        if job["id"] in notes:
+            fix = f" Fix: {job['fix']}." if job.get("fix") else ""
+            lines.append(f"[{notes[job['id']]}] {_cell(job, 'id')}: {job['reason']}.{fix}")
+    return lines
+
+
 def _rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     jobs = report.get("jobs", [])
     columns = [(k, t) for k, t in _COLUMNS if k not in _OPTIONAL or any(j.get(k) is not None for j in jobs)]
     header = [title for _, title in columns]
-    rows = [[_cell(job, key) for key, _ in columns] for job in jobs]
+    notes = _notes(report)
+    rows = [[_cell(job, key, notes) for key, _ in columns] for job in jobs]
     return header, rows
 
 
@@ -180,15 +209,37 @@ def _idle_rows(report: Mapping[str, Any]) -> list[list[str]]:
     return [[str(i["host"]), str(i["device"]), format_energy(i["energy_j"])] for i in report.get("idle", [])]
 
 
+def empty_message(report: Mapping[str, Any]) -> str:
+    """Why a report has no jobs: its filters match none (named), or the database holds none yet."""
+    filters = report.get("filters") or {}
+    window = report.get("window") or {}
+    if window.get("default") and report.get("jobs_recorded", True) and set(filters) <= {"since"}:
+        return (
+            f"No jobs in the last {window.get('since')} (the default window); --since 30d or a date looks further back."
+        )
+    if filters and report.get("jobs_recorded", True):
+        given = ", ".join(f"{k} {','.join(v) if isinstance(v, list) else v}" for k, v in filters.items())
+        return f"No jobs match these filters: {given}. Widen or drop them; `wattwatch report` alone lists every job."
+    return "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."
+
+
+def _idle_title(report: Mapping[str, Any]) -> str:
+    start, end = report.get("idle_from"), report.get("idle_until")
+    if not start and not end:
+        return "Idle energy (held by no job)"
+    window = f"from {start or 'the start'} to {end or 'now'}"
+    return f"Idle energy (held by no job), whole hours {window}"
+
+
 def _table(report: Mapping[str, Any]) -> str:
     header, rows = _rows(report)
-    empty = "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."
-    if (report.get("window") or {}).get("since_at"):
-        empty = "No jobs recorded yet in this window (--since 30d looks further back)."
-    parts = [_grid(header, rows) if rows else empty]
+    parts = [_grid(header, rows) if rows else empty_message(report)]
+    footnotes = _footnotes(report)
+    if footnotes:
+        parts += ["", *footnotes]
     idle = _idle_rows(report)
     if idle:
-        parts += ["", "Idle energy (held by no job):", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
+        parts += ["", f"{_idle_title(report)}:", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
     if any("estimate" in (j.get("sources") or []) for j in report.get("jobs", [])):
         parts += ["", "Note: 'estimate' energy comes from a TDP model (no RAPL counter here), not a measurement."]
     note = window_note(report)
@@ -204,9 +255,14 @@ def _markdown(report: Mapping[str, Any]) -> str:
         return ["| " + " | ".join(h) + " |", "|" + "---|" * len(h)] + ["| " + " | ".join(r) + " |" for r in rs]
 
     lines = md(header, rows)
+    if not rows:
+        lines += ["", f"*{empty_message(report)}*"]
+    footnotes = _footnotes(report)
+    if footnotes:
+        lines += ["", *(f"- {line}" for line in footnotes)]
     idle = _idle_rows(report)
     if idle:
-        lines += ["", "**Idle energy**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
+        lines += ["", f"**{_idle_title(report)}**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
     note = window_note(report)
     if note:
         lines += ["", note]

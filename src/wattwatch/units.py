@@ -6,7 +6,7 @@ Every quantity in wattwatch carries its unit in its name: ``energy_j`` (joules),
 
 from __future__ import annotations
 
-import math
+import re
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -50,19 +50,54 @@ def iso_utc(t_s: float | None) -> str | None:
     return datetime.fromtimestamp(t_s, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
+# A duration as people type one: a number of seconds, or a number and a unit (s, m, h, d, w); no exponents,
+# inf, nan, signs or blanks. Nine digits of weeks reach 17 million years. The collector's ``since`` and
+# ``until`` parameters use these patterns too (collector.contract), so the CLI and the API agree.
+DURATION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?[smhdwSMHDW]?$"
+# An ISO 8601 date, or date and time (UTC unless it has an offset).
+DATE_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?$"
+)
+# ``--since`` / ``--until`` / ``since=`` / ``until=``: how far back from now, or a date.
+TIME_PATTERN = f"({DURATION_PATTERN})|({DATE_PATTERN})"
+_DURATION_RE = re.compile(DURATION_PATTERN)
+_DATE_RE = re.compile(DATE_PATTERN)
+_DURATION_EXAMPLES = "e.g. 90s, 15m, 12h or 7d"
+TIME_EXAMPLES = "a duration back from now (90s, 15m, 12h, 7d) or a date (2026-11-30, 2026-11-30T08:00Z)"
+
+
 def parse_duration_s(text: str) -> float:
-    """Parse ``90s``, ``15m``, ``12h``, ``7d`` or a bare number of seconds into seconds.
+    """Parse ``90s``, ``15m``, ``12h``, ``7d``, ``2w`` or a bare number of seconds (``DURATION_PATTERN``).
 
     Raises ValueError with a message that says what a valid value looks like.
     """
+    raw = text.strip()
+    if raw.startswith("-") and _DURATION_RE.match(raw[1:]):
+        raise ValueError(f"{text!r}: negative durations are invalid; use e.g. {raw[1:]}")
+    if not _DURATION_RE.match(raw):
+        raise ValueError(f"{text!r} is not a duration; use {_DURATION_EXAMPLES}")
     factors = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-    raw = text.strip().lower()
-    try:
-        value = float(raw[:-1]) * factors[raw[-1]] if raw and raw[-1] in factors else float(raw)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 15m, 12h or 7d") from None
-    if not math.isfinite(value):  # "nan", "inf", "1e400s": float() takes them all
-        raise ValueError(f"{text!r} is not a finite duration; use e.g. 90s, 15m, 12h or 7d")
-    if value < 0:
-        raise ValueError(f"{text!r} is negative; use e.g. 7d")
-    return value
+    unit = raw[-1].lower()
+    return float(raw[:-1]) * factors[unit] if unit in factors else float(raw)
+
+
+def parse_time_s(text: str, now_s: float) -> float:
+    """An instant from ``TIME_PATTERN``: ``now_s`` less a duration, or a date (UTC unless it says otherwise).
+
+    Raises ValueError saying what a valid value looks like.
+    """
+    raw = text.strip()
+    if _DATE_RE.match(raw):
+        try:
+            when = datetime.fromisoformat(raw)
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            return when.timestamp()
+        except (ValueError, OverflowError):  # 2026-02-30, or year 1 less an offset
+            raise ValueError(f"{text!r} is not a real date; use {TIME_EXAMPLES}") from None
+    if raw.startswith("-") and _DURATION_RE.match(raw[1:]):
+        raise ValueError(f"{text!r}: negative durations are invalid; give how far back as a positive one")
+    if not _DURATION_RE.match(raw):
+        raise ValueError(f"{text!r} is not {TIME_EXAMPLES}")
+    return now_s - parse_duration_s(raw)

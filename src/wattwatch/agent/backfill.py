@@ -113,6 +113,10 @@ class Backfill:
         self._queues = {k: q for k, q in self._queues.items() if q}
         return out
 
+    def held_from_s(self) -> float | None:
+        """Where the earliest interval held here starts (None: none is held)."""
+        return min((q[0].t_start_s for q in self._queues.values() if q), default=None)
+
     def flush(self) -> list[wire.Interval]:
         """Everything held, as it is (the agent is stopping)."""
         out = [iv for queue in self._queues.values() for iv in queue]

@@ -87,7 +87,7 @@ class WorkloadHook(Protocol):
 
 @dataclass
 class _Event:
-    kind: str  # tick | fine | start | end | stop
+    kind: str  # tick | fine | start | end | stop | sync
     t_s: float
     job: ActiveJob | None = None
     job_id: str = ""
@@ -403,6 +403,8 @@ class Agent:
         self.refused.add(dropped)
         t_s = self._put(_Event("start", 0.0, job=job), hook=lambda t: self._hook_start(job, t))
         reply: dict[str, Any] = {"ok": True, "id": job.id, "t_s": t_s, "host": self.host, "devices": devices}
+        # Where the job's figures land: `wattwatch run` asks there for its summary.
+        reply["collector"] = self.settings.collector_url
         if warning:
             reply["warning"] = warning
         return reply
@@ -497,6 +499,13 @@ class Agent:
         self._put(_Event("tick", 0.0, done=done, scheduled=stage))
         return done.wait(wait_s)
 
+    def drain(self, wait_s: float = 10.0) -> bool:
+        """Wait at most ``wait_s`` until every event queued before this call has been handled (a job's
+        start or end answered on the socket is handled after its answer); True when they were."""
+        done = threading.Event()
+        self._put(_Event("sync", 0.0, done=done))
+        return done.wait(wait_s)
+
     def _work(self) -> None:
         # The worker is its own clock: it enqueues the schedule's ticks when they are due (behind the events
         # already queued, in time order), on a fixed grid; a tick that comes due while one is still being
@@ -515,7 +524,9 @@ class Agent:
             try:
                 # A fine tick with events queued behind it is dropped: read now, it would land after their
                 # boundaries and move them onto its own (counter-stale) reading; the next one comes soon.
-                if event.kind != "fine" or self._events.empty():
+                if event.kind == "sync":
+                    pass  # drain(): nothing to do but mark the events before it handled
+                elif event.kind != "fine" or self._events.empty():
                     self._process(event)
             except Exception:
                 log.exception("agent worker failed on a %s event; continuing", event.kind)
@@ -603,8 +614,16 @@ class Agent:
             intervals=intervals,
             jobs=jobs,
             marks=self.sampler.marks_at(intervals),
-            open_jobs=(self.sampler.last_t_s, self._pid_starts.marks(self.registry.snapshot())),
+            open_jobs=(self._settled_t_s(), self._pid_starts.marks(self.registry.snapshot())),
         )
+
+    def _settled_t_s(self) -> float:
+        """The time up to which every device's intervals are handed over: the checkpoint's jobs are open
+        as of then, so a job a restart ends "when last seen" ends where its sent energy ends (an interval
+        the sampler or the backfill still held is lost with the agent and bridged as idle)."""
+        held_s = self._backfill.held_from_s()
+        settled_s = self.sampler.settled_t_s
+        return settled_s if held_s is None else min(settled_s, held_s)
 
     # -- restarts ------------------------------------------------------------------------------------
 

@@ -200,6 +200,12 @@ class Sampler:
             intervals.extend(self.flush())
         return intervals
 
+    @property
+    def settled_t_s(self) -> float:
+        """Up to when every device's intervals have been returned (a held one starts where they stop)."""
+        held = [last.held.t_start_s for last in self._last.values() if last.held is not None]
+        return min(held, default=self.last_t_s)
+
     def flush(self) -> list[wire.Interval]:
         """The intervals still held (see ``sample``), as they are; none is held afterwards."""
         out: list[wire.Interval] = []

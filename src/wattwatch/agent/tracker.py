@@ -254,9 +254,15 @@ class ProcessTracker:
         if book is None or not roots:
             return []
         explicit_roots = {pid for j in self.registry.snapshot() if j.explicit for pid in j.pids}
+        # `wattwatch run` ends its job once its command has exited; its own process does none of the job's
+        # GPU work and stays only to print the job's summary, so it gets no after phase (simulated GPUs
+        # list that process for the job, having no real child to list).
+        wrapper = set(job.pids) if job.labels.get(DISCOVERED_BY) == "run" else set()
         keys_of: dict[int, set[str]] = {}
         for key in sorted(job.held_devices):
             for pid in listed[key] if listed is not None and key in listed else self._running_pids(key):
+                if pid in wrapper:
+                    continue
                 known = self._peek(pid)
                 # The nearest root decides: a process still inside another explicit job stays that job's.
                 nearest = next((p for p in known.lineage if p in roots or p in explicit_roots), None) if known else None

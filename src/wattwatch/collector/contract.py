@@ -28,14 +28,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wattwatch import limits, wire
 from wattwatch.collector.responses import RESPONSE_BODIES
-from wattwatch.units import JobKind
+from wattwatch.units import TIME_EXAMPLES, TIME_PATTERN, JobKind
 
 BEARER = "bearerToken"
 # Routes anyone may call, with or without a token (load balancers and orchestrators probe them).
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-# What ``units.parse_duration_s`` reads, less what it reads but nobody means (exponents, inf, nan, blanks):
-# a number of seconds, or a number and a unit (s, m, h, d, w). Nine digits of weeks reach 17 million years.
-SINCE_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?[smhdwSMHDW]?$"
+# What ``units.parse_time_s`` reads (``wattwatch report --since`` too): a duration back from now, a number
+# and a unit (s, m, h, d, w) or bare seconds, or an ISO date. One pattern for the CLI and the API.
+SINCE_PATTERN = TIME_PATTERN
 REF = "#/components/schemas/{name}"
 
 
@@ -48,10 +48,35 @@ Since = Annotated[
     str | None,
     Query(
         pattern=SINCE_PATTERN,
-        max_length=20,
-        description="how far back: a number and a unit (s, m, h, d, w), e.g. 90s, 15m, 12h, 7d; bare: seconds",
+        max_length=40,
+        description="jobs still running or ended after this: a duration back from now, a number and a unit "
+        "(s, m, h, d, w), e.g. 90s, 15m, 12h, 7d (bare: seconds), or an ISO date, e.g. 2026-11-30T08:00Z",
         examples=["7d"],
     ),
+]
+Until = Annotated[
+    str | None,
+    Query(
+        pattern=SINCE_PATTERN,
+        max_length=40,
+        description="jobs started before this: a duration back from now or an ISO date, as `since`",
+        examples=["2026-11-30"],
+    ),
+]
+HostFilter = Annotated[
+    str | None, Query(max_length=limits.MAX_NAME_CHARS, pattern=limits.NO_NUL, description="only jobs on this host")
+]
+NameGlob = Annotated[
+    str | None,
+    Query(
+        max_length=limits.MAX_NAME_CHARS,
+        pattern=limits.NO_NUL,
+        description="only jobs whose name matches this shell glob (case-sensitive), e.g. llama-*",
+    ),
+]
+LabelFilter = Annotated[
+    list[str] | None,
+    Query(description="only jobs with this label: KEY=VALUE, or KEY for any value (repeatable; all must hold)"),
 ]
 Kind = Annotated[JobKind | None, Query(description="only jobs of this kind")]
 # A report page: at most ``limit`` jobs, after the job a previous page's ``next_cursor`` names; with neither
@@ -72,13 +97,15 @@ Cursor = Annotated[
     ),
 ]
 _KEY = _meta(wire.Key)
+_NAME = _meta(wire.Name)
+# A job's id, a unique prefix of it, or its name (names may hold any character but NUL).
 JobFilter = Annotated[
     str | None,
     Query(
-        min_length=_KEY.min_length,
-        max_length=_KEY.max_length,
-        pattern=_KEY.pattern,
-        description="only this job (its id)",
+        min_length=_NAME.min_length,
+        max_length=_NAME.max_length,
+        pattern=_NAME.pattern,
+        description="only this job: its id, a unique prefix of its id, or its name",
     ),
 ]
 
@@ -89,8 +116,9 @@ JobId = Annotated[
 # What a value of a parameter with a pattern looks like, for its 422 (app.py's validation handler).
 _JOB_ID_HINT = "a job id: 1-200 characters of A-Za-z0-9_.:@/-"
 PATTERN_HINTS = {
-    "since": "a duration: a number and a unit (s, m, h, d, w), e.g. 90s, 15m, 12h, 7d; bare: seconds",
-    "job": _JOB_ID_HINT,
+    "since": TIME_EXAMPLES,
+    "until": TIME_EXAMPLES,
+    "job": "a job's id, a unique prefix of it, or its name: 1-200 characters, no NUL",
     "job_id": _JOB_ID_HINT,
     "cursor": "a cursor: the next_cursor of the previous page, as given",
 }

@@ -68,6 +68,7 @@ class JobEntry(msgspec.Struct):
     """One job's report entry (DESIGN.md's report JSON plus extras); null where a figure does not apply."""
 
     id: str
+    short_id: Annotated[str, msgspec.Meta(description="the shortest id prefix (8+) unique in the database")]
     name: str
     kind: JobKind
     started_at: Timestamp
@@ -115,6 +116,8 @@ class JobEntry(msgspec.Struct):
     phases: list[Phase]
     phase: Literal["setup", "after"] | None
     phase_of: str | None
+    reason: Annotated[str | None, msgspec.Meta(description="why it shows 0 J or no GPU (null: nothing to explain)")]
+    fix: Annotated[str | None, msgspec.Meta(description="what to do about `reason`")]
 
 
 class JobList(msgspec.Struct):
@@ -136,7 +139,7 @@ class ReportWindow(msgspec.Struct):
     """Which jobs a report covers: those that ended at or after ``since_at`` or still run; null times
     when no window applies (a report of one job)."""
 
-    since: str | None  # the duration asked for (or the default), e.g. "7d"
+    since: str | None  # the duration or date asked for (or the default), e.g. "7d"
     since_s: Epoch_s | None
     since_at: Timestamp | None
     default: bool  # true when no ``since`` was given and the collector's default window applied
@@ -149,6 +152,12 @@ class Report(msgspec.Struct):
 
     jobs: list[JobEntry]
     idle: list[Idle]
+    filters: Annotated[
+        dict[str, str | list[str]], msgspec.Meta(description="the filters given (since/until as ISO times)")
+    ]
+    jobs_recorded: Annotated[bool, msgspec.Meta(description="whether the database holds any job at all")]
+    idle_from: Annotated[Timestamp | None, msgspec.Meta(description="idle energy counts whole hours from here")]
+    idle_until: Annotated[Timestamp | None, msgspec.Meta(description="... up to here")]
     next_cursor: str | None
     window: ReportWindow
 

@@ -32,7 +32,9 @@ from wattwatch.errors import StorageError
 from wattwatch.storage import repository
 from wattwatch.storage.engine import check_schema
 from wattwatch.storage.group_ingest import Pending
-from wattwatch.units import JOB_KINDS, iso_utc, parse_duration_s
+from wattwatch.storage.job_refs import AmbiguousJob
+from wattwatch.storage.reads import resolve_job
+from wattwatch.units import JOB_KINDS, iso_utc, parse_time_s
 
 T = TypeVar("T")
 # Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
@@ -91,13 +93,25 @@ def _gunzip(body: bytes, limit_bytes: int) -> bytes:
     return out
 
 
-def _since_s(ctx: Context, since: str | None) -> float | None:
+def _since_s(ctx: Context, since: str | None, field: str = "since") -> float | None:
+    """``since`` / ``until`` as epoch seconds: the parser ``wattwatch report`` uses (``units.parse_time_s``)."""
     if since is None or since == "":
         return None
     try:
-        return ctx.clock() - parse_duration_s(since)
+        return parse_time_s(since, ctx.clock())
     except ValueError as exc:
-        raise ApiError(422, f"since: {exc}", "since") from None
+        raise ApiError(422, f"{field}: {exc}", field) from None
+
+
+def _labels(items: list[str] | None) -> dict[str, str | None]:
+    """``label=k=v`` (value must match) or ``label=k`` (key present), as ``wattwatch report --label``."""
+    out: dict[str, str | None] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise ApiError(422, f"label: {item!r} is not KEY=VALUE or KEY", "label")
+        out[key] = value if sep else None
+    return out
 
 
 def _kind(kind: str | None) -> str | None:
@@ -339,14 +353,28 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         since: contract.Since = None,
         job: contract.JobFilter = None,
         kind: contract.Kind = None,
+        until: contract.Until = None,
+        host: contract.HostFilter = None,
+        name: contract.NameGlob = None,
+        label: contract.LabelFilter = None,
         limit: contract.Limit = contract.REPORT_DEFAULT_LIMIT,
         cursor: contract.Cursor = None,
     ) -> dict[str, Any]:
-        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, one page at a time (``limit``,
-        ``cursor``: ``next_cursor`` of the page before). With neither ``since`` nor ``job`` it covers the
-        last 7 days (``window`` says which window applied), so a report never reads all of history."""
-        now_s = ctx.clock()
-        default = not since and not job
+        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, with the filters applied, one page
+        at a time (``limit``; ``cursor``: the ``next_cursor`` of the page before).
+
+        ``job`` takes a job's id, a unique prefix of it or its name (422 listing the candidates when it
+        names several); ``since``/``until`` a duration back from now or a date; ``name`` a shell glob;
+        ``label`` (repeatable) ``KEY=VALUE`` or ``KEY``; ``host`` a host name. With none of ``since``,
+        ``until`` and ``job`` it covers the last 7 days (``window`` says which window applied), so a report
+        never reads all of history unless asked to."""
+        job_id = None
+        if job:
+            try:
+                job_id = resolve_job(ctx.engine, job) or job
+            except AmbiguousJob as exc:
+                raise ApiError(422, str(exc), "job") from None
+        default = not since and not until and not job
         since = contract.REPORT_DEFAULT_SINCE if default else (since or None)
         since_s = _since_s(ctx, since)
         if since_s is not None:
@@ -355,21 +383,20 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             report = repository.build_report(
                 ctx.engine,
                 since_s=since_s,
-                job_id=job or None,
+                until_s=_since_s(ctx, until, "until"),
+                job_id=job_id,
                 kind=_kind(kind),
-                now_s=now_s,
+                host=host or None,
+                name=name or None,
+                labels=_labels(label),
+                now_s=ctx.clock(),
                 limit=limit,
                 cursor=cursor or None,
                 **carbon,
             )
         except repository.BadCursor as exc:
             raise ApiError(422, f"cursor: {exc}", "cursor") from None
-        report["window"] = {
-            "since": since,
-            "since_s": since_s,
-            "since_at": iso_utc(since_s),
-            "default": default,
-        }
+        report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
         return report
 
     @router.get(

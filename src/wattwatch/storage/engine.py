@@ -32,6 +32,12 @@ def normalize_url(url: str) -> URL:
         ) from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        # SQLAlchemy would try to import a driver for it and fail with a traceback.
+        raise StorageError(
+            f"database URL scheme {parsed.drivername.split('+')[0]!r} is not supported; use "
+            "sqlite:///path/wattwatch.db or postgresql://user@host:5432/wattwatch"
+        )
     return parsed
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from wattwatch.accounting.carbon import emissions_g
 from wattwatch.accounting.rollup import hour_floor_s
+from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
     device_energy,
@@ -40,6 +42,7 @@ from wattwatch.storage.tables import (
     job_hosts,
     jobs,
 )
+from wattwatch.storage.zero_reasons import explain
 from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc
 
 DEFAULT_LIST_LIMIT = 100
@@ -62,7 +65,14 @@ def _snapshot(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def _job_where(*, since_s: float | None, job_id: str | None, kind: str | None) -> list[ColumnElement[bool]]:
+def _job_where(
+    *,
+    since_s: float | None,
+    job_id: str | None,
+    kind: str | None,
+    until_s: float | None = None,
+    host: str | None = None,
+) -> list[ColumnElement[bool]]:
     if kind is not None and kind not in JOB_KINDS:
         raise ValueError(f"kind {kind!r} is not one of {', '.join(JOB_KINDS)}")
     # A phase is shown with its job; asked for by its own id, it answers.
@@ -70,11 +80,32 @@ def _job_where(*, since_s: float | None, job_id: str | None, kind: str | None) -
     if since_s is not None:
         # Jobs that ended after `since`, or that still run.
         where.append(or_(jobs.c.ended_at_s.is_(None), jobs.c.ended_at_s >= since_s))
+    if until_s is not None:
+        # Jobs that started before `until`: with `since`, the jobs active at some point in the window.
+        where.append(jobs.c.started_at_s < until_s)
     if job_id is not None:
         where.append(jobs.c.id == job_id)
     if kind is not None:
         where.append(jobs.c.kind == kind)
+    if host is not None:
+        on_host = (
+            select(job_hosts.c.job_id)
+            .select_from(job_hosts.join(hosts, job_hosts.c.host_id == hosts.c.id))
+            .where(hosts.c.name == host)
+        )
+        where.append(jobs.c.id.in_(on_host))
     return where
+
+
+def _matches(
+    name: str, labels: Mapping[str, Any] | None, name_glob: str | None, want: Mapping[str, str | None]
+) -> bool:
+    """A job's name against a shell glob (case-sensitive, as on every database) and its labels against
+    ``want`` (each key present; with the value, unless the value wanted is None)."""
+    if name_glob is not None and not fnmatch.fnmatchcase(name, name_glob):
+        return False
+    have = labels or {}
+    return all(k in have and (v is None or str(have[k]) == v) for k, v in want.items())
 
 
 def _job_entries(
@@ -102,12 +133,16 @@ def _job_entries(
     ).all()
     figures = read_span_figures(conn, job_ids)
     phases = _phases_of(conn, job_ids, now_s=now_s)
+    shorts = short_ids(conn, [r.id for r in job_rows if r.phase_of is None])
 
     per_job_host: dict[str, dict[str, dict[str, float]]] = {}
     per_job_kind: dict[str, dict[str, float]] = {}
     per_job_devices: dict[str, set[str]] = {}
     per_job_sources: dict[str, set[str]] = {}
+    held_gpu: set[str] = set()
     for job_id, host, key, kind, energy_j, sources in energy_rows:
+        if kind == "gpu":
+            held_gpu.add(job_id)
         h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
         h["energy_j"] += energy_j
         by_kind = per_job_kind.setdefault(job_id, dict.fromkeys(DEVICE_KINDS, 0.0))
@@ -121,6 +156,10 @@ def _job_entries(
         h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
         h["peak_power_w"] = peak_power_w
 
+    on_host = devices.join(hosts, devices.c.host_id == hosts.c.id)
+    gpu_hosts = set(
+        conn.execute(select(hosts.c.name).distinct().select_from(on_host).where(devices.c.kind == "gpu")).scalars()
+    )
     entries: dict[str, dict[str, Any]] = {}
     for job in job_rows:
         by_kind = per_job_kind.get(job.id, dict.fromkeys(DEVICE_KINDS, 0.0))
@@ -134,6 +173,8 @@ def _job_entries(
         avg_power_w = energy_j / duration_s if duration_s > 0 else None
         entries[job.id] = {
             "id": job.id,
+            # The id prefix tables show: unique in this database, so `--job` takes it back.
+            "short_id": shorts.get(job.id, job.id),
             "name": job.name,
             "kind": job.kind,
             "started_at": iso_utc(job.started_at_s),
@@ -169,6 +210,9 @@ def _job_entries(
             "phase": job.phase,
             "phase_of": job.phase_of,
         }
+        entry = entries[job.id]
+        # Why it shows 0 J or no GPU, and what to do (None when its figures need no explaining).
+        entry["reason"], entry["fix"] = explain(entry, gpu_hosts, held_gpu=job.id in held_gpu)
     return entries
 
 
@@ -247,6 +291,13 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     return started_at_s, job_id
 
 
+def resolve_job(engine: Engine, ref: str) -> str | None:
+    """The id of the job ``ref`` names: its id, a unique id prefix or its name (``job_refs``); None when
+    no job matches. Raises ``job_refs.AmbiguousJob`` when several do."""
+    with _snapshot(engine) as conn:
+        return resolve_job_ref(conn, ref)
+
+
 def build_report(
     engine: Engine,
     *,
@@ -256,52 +307,87 @@ def build_report(
     grid_intensity_g_per_kwh: float = 400.0,
     pue: float = 1.0,
     now_s: float | None = None,
+    until_s: float | None = None,
+    host: str | None = None,
+    name: str | None = None,
+    labels: Mapping[str, str | None] | None = None,
     limit: int | None = None,
     cursor: str | None = None,
 ) -> dict[str, Any]:
-    """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}], "next_cursor"}``.
+    """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``, plus
+    ``filters`` (those given, times as ISO), ``jobs_recorded`` (whether the database holds any job at
+    all, so "nothing matches" and "nothing yet" read differently) and ``next_cursor`` (paging).
 
-    ``since_s`` keeps jobs that ended at or after it (or still run) and idle energy from the hour
-    containing it on. ``job_id`` narrows to one job, and idle to that job's hosts. Jobs are in start
-    order. ``now_s`` (default: the clock) is where a running job's duration ends.
+    ``since_s`` keeps jobs that ended at or after it (or still run), ``until_s`` those that started before
+    it; idle energy follows the same window in whole hours (the hour containing ``since_s`` on, hours
+    starting before ``until_s``: ``idle_from`` / ``idle_until``) and the ``host`` filter. ``job_id``
+    narrows to one job, and idle to that job's hosts. ``name`` is a shell glob on job names; ``labels``
+    must all be on the job (a None value: any value). Jobs are in start order. ``now_s`` (default: the
+    clock) is where a running job's duration ends.
 
     Paging: ``limit`` jobs at most per page (None: all); ``next_cursor`` is None on the last page, else
     what to pass as ``cursor`` for the next one (keyset paging on start time and id, so a job starting
     meanwhile never shifts a page). Idle energy is on the first page only, so pages add up.
     """
     now_s = time.time() if now_s is None else now_s
-    where = _job_where(since_s=since_s, job_id=job_id, kind=kind)
+    want = dict(labels or {})
+    where = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
     if cursor is not None:
         after_s, after_id = decode_cursor(cursor)
         where.append(or_(jobs.c.started_at_s > after_s, and_(jobs.c.started_at_s == after_s, jobs.c.id > after_id)))
+    in_order = (jobs.c.started_at_s, jobs.c.id)
     with _snapshot(engine) as conn:
-        if limit is None:
-            page = select(jobs.c.id).where(*where)
-            more = False
-        else:
-            # Only the page's ids are read in order; entries (the joins) are built for those alone.
-            ids = (
-                conn.execute(select(jobs.c.id).where(*where).order_by(jobs.c.started_at_s, jobs.c.id).limit(limit + 1))
-                .scalars()
-                .all()
-            )
-            more = len(ids) > limit
-            page = select(jobs.c.id).where(jobs.c.id.in_(list(ids[:limit])))
-        entries = _job_entries(conn, page, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, pue=pue, now_s=now_s)
+        kept: list[str] | None = None
+        if name is not None or want:
+            # Globs and JSON labels are matched here, the same on SQLite and PostgreSQL (LIKE differs in
+            # case, JSON operators in syntax); only the window's rows are read.
+            rows = conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.labels).where(*where).order_by(*in_order)).all()
+            kept = [r.id for r in rows if _matches(r.name, r.labels, name, want)]
+        elif limit is not None:
+            # Only the page's ids are read, in order; entries (the joins) are built for those alone.
+            kept = list(conn.execute(select(jobs.c.id).where(*where).order_by(*in_order).limit(limit + 1)).scalars())
+        more = kept is not None and limit is not None and len(kept) > limit
+        if kept is not None and limit is not None:
+            kept = kept[:limit]
+        job_ids = select(jobs.c.id).where(*where) if kept is None else select(jobs.c.id).where(jobs.c.id.in_(kept))
+        entries = _job_entries(conn, job_ids, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, pue=pue, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
-        idle = [] if cursor is not None else _idle(conn, since_s=since_s, host_names=idle_host_names)
+        if host is not None:
+            idle_host_names = {host} if idle_host_names is None else idle_host_names & {host}
+        idle = [] if cursor is not None else _idle(conn, since_s=since_s, until_s=until_s, host_names=idle_host_names)
+        recorded = bool(ordered) or conn.execute(select(jobs.c.id).limit(1)).first() is not None
+    filters = {
+        "since": iso_utc(since_s),
+        "until": iso_utc(until_s),
+        "job": job_id,
+        "kind": kind,
+        "host": host,
+        "name": name,
+        "labels": [k if v is None else f"{k}={v}" for k, v in want.items()] or None,
+    }
     last = ordered[-1] if ordered and more else None
-    next_cursor = encode_cursor(last["started_at_s"], last["id"]) if last is not None else None
-    return {"jobs": ordered, "idle": idle, "next_cursor": next_cursor}
+    return {
+        "jobs": ordered,
+        "idle": idle,
+        "filters": {k: v for k, v in filters.items() if v is not None},
+        "jobs_recorded": recorded,
+        "idle_from": iso_utc(hour_floor_s(since_s)) if since_s is not None else None,
+        "idle_until": iso_utc(math.ceil(until_s / 3600.0) * 3600.0) if until_s is not None else None,
+        "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
+    }
 
 
-def _idle(conn: Connection, *, since_s: float | None, host_names: set[str] | None) -> list[dict[str, Any]]:
+def _idle(
+    conn: Connection, *, since_s: float | None, host_names: set[str] | None, until_s: float | None = None
+) -> list[dict[str, Any]]:
     # Summed per device first (the window's hours through ix_idle_energy_hour_s), then named: the join and
     # the grouping by names run over one row per device rather than one per device and hour.
     per_device = select(idle_energy.c.device_id, func.sum(idle_energy.c.energy_j).label("energy_j"))
     if since_s is not None:
         per_device = per_device.where(idle_energy.c.hour_s >= hour_floor_s(since_s))
+    if until_s is not None:
+        per_device = per_device.where(idle_energy.c.hour_s < until_s)
     if host_names is not None:
         on_hosts = select(devices.c.id).join(hosts, devices.c.host_id == hosts.c.id)
         per_device = per_device.where(idle_energy.c.device_id.in_(on_hosts.where(hosts.c.name.in_(sorted(host_names)))))

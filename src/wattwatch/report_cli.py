@@ -1,0 +1,183 @@
+"""``wattwatch report``: fetch a report from a database or a collector, by the same rules either way.
+
+A job reference (``--job``) is a full id, a unique id prefix or a job name (``storage.job_refs``); the
+collector's ``GET /api/v1/report?job=`` resolves it with the same code, so both sources agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from wattwatch.cli_errors import RuntimeFailure, UsageError
+from wattwatch.config import Settings
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """``wattwatch report``: print the report in ``--format``, one page (``--limit``, ``--cursor``).
+
+    With none of ``--since``, ``--until`` and ``--job`` it covers the last 7 days, like the collector's
+    API, and says so (``window`` in JSON; a line under the table)."""
+    import re
+    import sys
+
+    from wattwatch.limits import CURSOR_PATTERN, REPORT_DEFAULT_SINCE, REPORT_MAX_LIMIT
+    from wattwatch.report import render, window_note
+    from wattwatch.units import iso_utc
+
+    if not 1 <= args.limit <= REPORT_MAX_LIMIT:
+        raise UsageError(f"--limit {args.limit} is out of range; use 1 to {REPORT_MAX_LIMIT}")
+    if args.cursor is not None and not re.fullmatch(CURSOR_PATTERN, args.cursor):
+        raise UsageError(BAD_CURSOR)
+    now_s = time.time()
+    default = not args.since and not args.until and not args.job
+    since = REPORT_DEFAULT_SINCE if default else args.since
+    since_s = _when(since, "--since", now_s)
+    if since_s is not None:
+        since_s = max(since_s, 0.0)
+    until_s = _when(args.until, "--until", now_s)
+    if since_s is not None and until_s is not None and since_s >= until_s:
+        raise UsageError(f"--since {args.since} is not before --until {args.until}; swap them or widen the window")
+    labels = parse_labels(args.label)
+    if args.server:
+        params: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("job", args.job),
+                ("kind", args.kind),
+                ("since", args.since),
+                ("until", args.until),
+                ("host", args.host),
+                ("name", args.name),
+                ("cursor", args.cursor),
+            )
+            if v
+        }
+        params["limit"] = args.limit
+        if args.label:
+            params["label"] = list(args.label)
+        report = get_json(args.server, "/api/v1/report", settings, params=params)
+    else:
+        url = args.db or settings.resolved_db_url
+        report = local_report(
+            url,
+            settings,
+            job_ref=args.job,
+            since_s=since_s,
+            until_s=until_s,
+            kind=args.kind,
+            host=args.host,
+            name=args.name,
+            labels=labels,
+            limit=args.limit,
+            cursor=args.cursor,
+        )
+        report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
+    if args.job and not report["jobs"] and _only_job(args):
+        raise UsageError(
+            f"no job {args.job!r} (an id, id prefix or name) in this database; list jobs with `wattwatch report`"
+        )
+    print(render(report, args.format))
+    if args.format in ("csv", "json"):
+        # Machine formats stay parseable on stdout (JSON holds window and next_cursor); people read stderr.
+        note = window_note(report)
+        if note:
+            sys.stderr.write(note + "\n")
+    return 0
+
+
+BAD_CURSOR = "--cursor is not one a report printed; copy it from the line `more jobs: --cursor ...`"
+
+
+def _only_job(args: argparse.Namespace) -> bool:
+    """Whether --job is the only filter (then finding nothing means the reference is wrong)."""
+    return not any((args.kind, args.since, args.until, args.host, args.name, args.label))
+
+
+def _when(text: str | None, flag: str, now_s: float) -> float | None:
+    from wattwatch.units import parse_time_s
+
+    if text is None:
+        return None
+    try:
+        return parse_time_s(text, now_s)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def parse_labels(items: list[str]) -> dict[str, str | None]:
+    """``--label K=V`` / ``--label K`` items as a dict (None: any value)."""
+    out: dict[str, str | None] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise UsageError(f"--label {item!r} has no key; use K=V (e.g. team=nlp) or K")
+        out[key] = value if sep else None
+    return out
+
+
+def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **filters: Any) -> dict[str, Any]:
+    """The report read straight from the database at ``url``; ``job_ref`` resolved as ``job_refs`` says."""
+    from wattwatch.storage.engine import check_ready
+    from wattwatch.storage.job_refs import AmbiguousJob
+    from wattwatch.storage.reads import BadCursor, build_report, resolve_job
+
+    engine = check_ready(url)
+    try:
+        job_id = None
+        if job_ref:
+            try:
+                job_id = resolve_job(engine, job_ref)
+            except AmbiguousJob as exc:
+                raise UsageError(str(exc)) from None
+            if job_id is None:
+                return {"jobs": [], "idle": [], "filters": {"job": job_ref}, "jobs_recorded": True}
+        try:
+            return build_report(
+                engine,
+                job_id=job_id,
+                grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
+                pue=settings.pue,
+                **filters,
+            )
+        except BadCursor:
+            raise UsageError(BAD_CURSOR) from None
+    finally:
+        engine.dispose()
+
+
+def get_json(
+    server: str, path: str, settings: Settings, *, params: dict[str, Any] | None = None, missing_ok: bool = False
+) -> dict[str, Any]:
+    """GET ``path`` of the collector at ``server`` as JSON. A 4xx is a UsageError naming the collector's
+    reason (404 with ``missing_ok``: an empty dict); no answer or a 5xx is a RuntimeFailure."""
+    import httpx
+
+    from wattwatch.tls import client_verify, untrusted_certificate, untrusted_message
+
+    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+    url = server.rstrip("/") + path
+    try:
+        resp = httpx.get(url, params=params, headers=headers, timeout=30, verify=client_verify(settings.ca_file))
+    except httpx.HTTPError as exc:
+        reason = untrusted_certificate(exc)
+        if reason:
+            raise UsageError(untrusted_message(server, reason)) from None
+        raise RuntimeFailure(f"collector at {server} unreachable ({exc}); check --server and that it runs") from None
+    if resp.status_code == 404 and missing_ok:
+        return {}
+    if resp.status_code != 200:
+        try:
+            message = str(resp.json().get("error") or resp.text)
+        except ValueError:
+            message = resp.text
+        message = " ".join(message.split())[:300]
+        what = f"collector at {server} answered HTTP {resp.status_code}: {message}"
+        if resp.status_code in (401, 403):
+            raise UsageError(f"{what}; give a reader token (--token-file or WATTWATCH_TOKEN)")
+        if resp.status_code < 500:
+            raise UsageError(what)
+        raise RuntimeFailure(what)
+    result: dict[str, Any] = resp.json()
+    return result

@@ -21,6 +21,8 @@ from wattwatch.cli import main
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
 from wattwatch.sim.clock import FakeClock
+from wattwatch.storage import migrate
+from wattwatch.storage.engine import make_engine
 from wattwatch.storage.retention import DAY_S, prune
 from wattwatch.storage.tables import energy_intervals, ingested_batches, job_ticks, queries
 
@@ -203,3 +205,53 @@ def test_cli_refuses_bad_retention(value: str, capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and "--retention-days" in err, err
+
+
+def test_device_totals_match_the_batches(stored: tuple[TestClient, FakeClock], db_engine: Engine) -> None:
+    """device_energy (what /metrics reads) holds each device's joules from both batches."""
+    with db_engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT d.key, e.job_energy_j, e.idle_energy_j "
+                "FROM device_energy e JOIN devices d ON d.id = e.device_id"
+            )
+        ).all()
+    got = {key: (job_j, idle_j) for key, job_j, idle_j in rows}
+    assert got == {
+        "gpu0": (pytest.approx(2 * GPU_J * SECONDS), 0.0),
+        "gpu1": (0.0, pytest.approx(2 * IDLE_J * SECONDS)),
+    }
+
+
+def test_migration_0008_fills_device_totals_from_rollups(db_url: str) -> None:
+    """A database at 0007 with rollups gets device_energy equal to their sums on upgrade."""
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE device_energy"))
+            conn.execute(text("DROP INDEX ix_idle_energy_hour_s"))
+            conn.execute(text("UPDATE alembic_version SET version_num = '0007'"))
+            conn.execute(text("INSERT INTO hosts (id, name, first_seen_s, last_seen_s) VALUES (1, 'h', 0, 0)"))
+            conn.execute(text("INSERT INTO devices (id, host_id, key, kind, \"index\") VALUES (1, 1, 'g', 'gpu', 0)"))
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, name, kind, labels, started_at_s, created_at_s, placeholder) "
+                    "VALUES ('j1', 'j1', 'training', '{}', 0, 0, false), ('j2', 'j2', 'training', '{}', 0, 0, false)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO job_device_energy (job_id, device_id, energy_j, sources, max_power_w) "
+                    "VALUES ('j1', 1, 100.0, 'counter', 1.0), ('j2', 1, 250.0, 'counter', 1.0)"
+                )
+            )
+            conn.execute(
+                text("INSERT INTO idle_energy (device_id, hour_s, energy_j) VALUES (1, 0, 7.0), (1, 3600, 5.0)")
+            )
+        migrate.upgrade(db_url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT device_id, job_energy_j, idle_energy_j FROM device_energy")).all() == [
+                (1, 350.0, 12.0)
+            ]
+    finally:
+        engine.dispose()

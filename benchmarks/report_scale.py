@@ -43,8 +43,8 @@ DAY_S = 86400.0
 SIZE_TABLES = ("energy_intervals", "job_device_energy", "idle_energy", "jobs", "device_energy")
 
 
-def fill(engine: Engine, *, intervals: int, jobs: int, hosts: int, days: float, now_s: float) -> None:
-    """The history described in the module docstring, committed."""
+def fill(engine: Engine, *, intervals: int, jobs: int, hosts: int, days: float, now_s: float) -> list[str]:
+    """The history described in the module docstring, committed; returns the job ids in start order."""
     rng = random.Random(1)
     start_s = now_s - days * DAY_S
     dev_rows: list[dict[str, Any]] = []
@@ -58,12 +58,15 @@ def fill(engine: Engine, *, intervals: int, jobs: int, hosts: int, days: float, 
             dev_rows.append({"id": len(dev_rows) + 1, "host_id": h + 1, "key": key, "kind": kind, "index": i})
     per_host = GPUS + 1
     job_rows, jde_rows, jh_rows = [], [], []
+    job_ids: list[str] = []
     totals = {d["id"]: [0.0, 0.0] for d in dev_rows}
     for j in range(jobs):
         t0 = start_s + (days * DAY_S - 7200) * j / max(jobs, 1)
         t1 = t0 + rng.uniform(600, 6 * 3600)
         host = j % hosts
-        job_id = f"job-{j:06d}"
+        # Random hex ids, as `wattwatch run` makes (uuid4): short-id lookups read only the ids they show.
+        job_id = f"{rng.getrandbits(128):032x}"
+        job_ids.append(job_id)
         job_rows.append(
             {
                 "id": job_id, "name": f"train-{j}", "kind": "training", "labels": {}, "started_at_s": t0,
@@ -126,6 +129,7 @@ def fill(engine: Engine, *, intervals: int, jobs: int, hosts: int, days: float, 
         )
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("ANALYZE"))  # planner statistics, as a database that grew by ingest would have
+    return job_ids
 
 
 def table_bytes(engine: Engine) -> dict[str, int]:
@@ -170,7 +174,7 @@ def bench(url: str, args: argparse.Namespace) -> dict[str, Any]:
     migrate.upgrade(url)
     engine = make_engine(url)
     t0 = time.perf_counter()
-    fill(engine, intervals=args.intervals, jobs=args.jobs, hosts=args.hosts, days=args.days, now_s=now_s)
+    job_ids = fill(engine, intervals=args.intervals, jobs=args.jobs, hosts=args.hosts, days=args.days, now_s=now_s)
     fill_s = time.perf_counter() - t0
     sizes = table_bytes(engine)
     settings = Settings(home=Path(tempfile.mkdtemp()), retention_days=0.0)
@@ -190,7 +194,7 @@ def bench(url: str, args: argparse.Namespace) -> dict[str, Any]:
         out["report_all_ms"] = median_ms(
             lambda: get("/api/v1/report", since="10000w", limit=10_000), max(1, args.repeat // 3)
         )
-        job_id = f"job-{args.jobs // 2:06d}"
+        job_id = job_ids[len(job_ids) // 2]
         out["job_ms"] = median_ms(lambda: get(f"/api/v1/jobs/{job_id}"), args.repeat)
         out["metrics_ms"] = median_ms(lambda: get("/metrics"), args.repeat)
     engine.dispose()

@@ -255,3 +255,16 @@ def test_migration_0008_fills_device_totals_from_rollups(db_url: str) -> None:
             ]
     finally:
         engine.dispose()
+
+
+def test_retention_setting_from_the_environment_reaches_the_scheduler(tmp_path: Any, db_engine: Engine) -> None:
+    from wattwatch.config import load_settings
+
+    settings = load_settings(env={"WATTWATCH_HOME": str(tmp_path), "WATTWATCH_RETENTION_DAYS": "3"})
+    assert settings.retention_days == 3.0
+    for periodic in (True, False):
+        app = create_app(settings, db_engine, span_energy_interval_s=None, periodic=periodic)
+        assert app.state.retention.retention_s == 3 * DAY_S
+        with TestClient(app):
+            # periodic=False is every worker but the first of --workers N: the first one prunes.
+            assert app.state.retention.running is periodic

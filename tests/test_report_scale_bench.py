@@ -25,7 +25,15 @@ def test_report_scale_prints_its_tables(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert out.startswith("`python benchmarks/report_scale.py " + " ".join(argv) + "`")
     reads, sizes = tables(out)
-    header = ("database", "7-day report, first page (100)", "one job", "/metrics", "all jobs, one page", "fill")
+    header = (
+        "database",
+        "7-day report, first page (100)",
+        "one job",
+        "/metrics",
+        "all jobs, one page",
+        "fill",
+        "idle fold",
+    )
     check_table(reads, header, 1)
     check_table(sizes, ("database", "energy_intervals per 1M", *report_scale.SIZE_TABLES[1:]), 1)
 

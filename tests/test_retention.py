@@ -30,7 +30,7 @@ RETENTION_DAYS = 14.0
 # The old job runs at T0, the new one AGE_DAYS later; the prune runs an hour after that.
 AGE_DAYS = 20.0
 NEW_S = T0 + AGE_DAYS * DAY_S
-ROLLUPS = ("jobs", "job_device_energy", "job_hosts", "idle_energy", "job_query_totals", "span_stats", "device_energy")
+ROLLUPS = ("jobs", "job_device_energy", "job_hosts", "job_query_totals", "span_stats", "device_energy")
 GPU_J = 300.0  # per one-second interval on gpu0, all the job's
 IDLE_J = 60.0  # per one-second interval on gpu1, nobody's
 SECONDS = 10
@@ -73,6 +73,14 @@ def dump(engine: Engine, table: str) -> list[tuple[Any, ...]]:
         return sorted(tuple(r) for r in conn.execute(text(f"SELECT * FROM {table}")))
 
 
+def idle_per_device(engine: Engine) -> dict[int, float]:
+    """Idle joules per device over all time, summed here from the rows."""
+    out: dict[int, float] = {}
+    for device_id, _hour_s, energy_j in dump(engine, "idle_energy"):
+        out[device_id] = out.get(device_id, 0.0) + energy_j
+    return out
+
+
 def count(engine: Engine, table: Any, where: Any) -> int:
     with engine.connect() as conn:
         return len(conn.execute(select(table).where(where)).all())
@@ -111,6 +119,9 @@ def test_prune_deletes_past_retention_and_keeps_rollups(
     assert count(db_engine, job_ticks, old[1]) >= 1
     assert count(db_engine, queries, queries.c.job_id == "old") == 1
     rollups_before = {t: dump(db_engine, t) for t in ROLLUPS}
+    idle_before = idle_per_device(db_engine)
+    old_day_s = T0 - T0 % DAY_S
+    assert [r[1] for r in dump(db_engine, "idle_energy") if r[1] < NEW_S - DAY_S] == [T0 - T0 % 3600]  # one hour row
     report_before = client.get("/api/v1/report", params={"since": "60d"}).json()
     old_before = client.get("/api/v1/jobs/old").json()
     metrics_before = host_series(client)
@@ -134,8 +145,12 @@ def test_prune_deletes_past_retention_and_keeps_rollups(
     assert count(db_engine, energy_intervals, energy_intervals.c.t_start_s >= NEW_S) == 2 * SECONDS
     assert count(db_engine, queries, queries.c.job_id == "new") == 1
     assert count(db_engine, ingested_batches, ingested_batches.c.seq == 2) == 1
-    # Rollups of finished jobs, idle and totals: unchanged, row for row, and so every figure read from them.
+    # Rollups of finished jobs and totals: unchanged, row for row, and so every figure read from them.
     assert {t: dump(db_engine, t) for t in ROLLUPS} == rollups_before
+    # Idle: the old day's hours folded into its midnight row, per device sums unchanged.
+    assert idle_per_device(db_engine) == idle_before
+    assert [r[1] for r in dump(db_engine, "idle_energy") if r[1] < NEW_S - DAY_S] == [old_day_s]
+    assert result.deleted["idle_energy_hours_folded"] == 1
     assert client.get("/api/v1/report", params={"since": "60d"}).json() == report_before
     assert client.get("/api/v1/jobs/old").json() == old_before
     assert host_series(client) == metrics_before
@@ -189,10 +204,10 @@ def test_prune_in_chunks_deletes_all(stored: tuple[TestClient, FakeClock], db_en
     """Small chunks: many short transactions, the same end state; a spent budget stops early, incomplete."""
     _client, clock = stored
     common = {"now_s": clock(), "retention_s": RETENTION_DAYS * DAY_S, "past_s": 2 * DAY_S, "future_s": DAY_S}
-    ticks = iter(range(1000))  # each look at the clock: a second later; the budget lets two chunks run
-    partial = prune(db_engine, chunk_rows=3, budget_s=2.5, monotonic=lambda: float(next(ticks)), **common)
+    ticks = iter(range(1000))  # each look at the clock: a second later; the budget: one fold, two chunks
+    partial = prune(db_engine, chunk_rows=3, budget_s=3.5, monotonic=lambda: float(next(ticks)), **common)
     assert not partial.complete
-    assert partial.deleted == {"energy_intervals": 6}
+    assert partial.deleted == {"idle_energy_hours_folded": 1, "energy_intervals": 6}
     result = prune(db_engine, chunk_rows=3, **common)
     assert result.complete
     assert partial.deleted["energy_intervals"] + result.deleted["energy_intervals"] == 2 * SECONDS
@@ -268,3 +283,34 @@ def test_retention_setting_from_the_environment_reaches_the_scheduler(tmp_path: 
         with TestClient(app):
             # periodic=False is every worker but the first of --workers N: the first one prunes.
             assert app.state.retention.running is periodic
+
+
+def test_idle_hours_fold_into_days_and_reports_read_the_same(db_engine: Engine) -> None:
+    """Idle hours older than two days become one row per device and day; a report whose window starts in
+    such a day counts the whole day (idle_from says so) before and after the fold."""
+    from wattwatch.storage import repository
+    from wattwatch.units import iso_utc
+
+    day_s = T0 - T0 % DAY_S
+    hours = (1, 5, 13, 23)  # one idle second of 10 J on gpu1 in each of these hours
+    intervals = [iv("gpu1", day_s + h * 3600 + 7, 10.0, {}) for h in hours]
+    intervals += [iv("gpu1", day_s + DAY_S + 3600, 4.0, {})]  # the next day: 4 J
+    b = wire.Batch(seq=1, agent_id="a1", host="h1", devices=GPUS, sent_at_s=day_s, intervals=intervals)
+    repository.ingest_batch(db_engine, b, received_at_s=day_s)
+    now_s = day_s + 10 * DAY_S
+
+    def idle() -> tuple[Any, ...]:
+        r = repository.build_report(db_engine, since_s=day_s + 10 * 3600, now_s=now_s)
+        return r["idle_from"], [(i["device"], i["energy_j"]) for i in r["idle"]]
+
+    before = idle()
+    assert before == (iso_utc(day_s), [("gpu1", pytest.approx(44.0))])  # the whole day from its midnight
+    result = prune(db_engine, now_s=now_s, retention_s=14 * DAY_S, past_s=2 * DAY_S, future_s=DAY_S)
+    assert result.deleted["idle_energy_hours_folded"] == len(hours) + 1  # no hour was at midnight
+    assert idle() == before
+    with db_engine.connect() as conn:
+        rows = sorted(conn.execute(text("SELECT hour_s, energy_j FROM idle_energy")).all())
+    assert rows == [(day_s, pytest.approx(40.0)), (day_s + DAY_S, pytest.approx(4.0))]
+    # A recent window stays in whole hours.
+    recent = repository.build_report(db_engine, since_s=now_s - 5000, now_s=now_s)
+    assert recent["idle_from"] == iso_utc(now_s - 5000 - (now_s - 5000) % 3600)

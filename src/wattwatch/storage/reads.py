@@ -47,6 +47,18 @@ from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc
 
 DEFAULT_LIST_LIMIT = 100
 
+# Idle hours older than this are folded into days (storage.retention.fold_idle_days); reports bound idle
+# by days beyond it (idle_bounds).
+IDLE_DAILY_AFTER_S = 2 * 86400.0
+DAY_S = 86400.0
+HOUR_S = 3600.0
+
+
+def day_floor_s(t_s: float) -> float:
+    """The start (UTC midnight) of the day containing ``t_s``."""
+    return math.floor(t_s / DAY_S) * DAY_S
+
+
 _SOURCE_NOTES = {
     "estimate": "includes estimated energy (no hardware counter: CPU power from TDP x utilisation)",
     "power": "includes energy integrated from power readings (no energy counter)",
@@ -355,7 +367,12 @@ def build_report(
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
         if host is not None:
             idle_host_names = {host} if idle_host_names is None else idle_host_names & {host}
-        idle = [] if cursor is not None else _idle(conn, since_s=since_s, until_s=until_s, host_names=idle_host_names)
+        idle_from_s, idle_until_s = idle_bounds(since_s, until_s, now_s=now_s)
+        idle = (
+            []
+            if cursor is not None
+            else _idle(conn, since_s=idle_from_s, until_s=idle_until_s, host_names=idle_host_names)
+        )
         recorded = bool(ordered) or conn.execute(select(jobs.c.id).limit(1)).first() is not None
     filters = {
         "since": iso_utc(since_s),
@@ -372,20 +389,41 @@ def build_report(
         "idle": idle,
         "filters": {k: v for k, v in filters.items() if v is not None},
         "jobs_recorded": recorded,
-        "idle_from": iso_utc(hour_floor_s(since_s)) if since_s is not None else None,
-        "idle_until": iso_utc(math.ceil(until_s / 3600.0) * 3600.0) if until_s is not None else None,
+        "idle_from": iso_utc(idle_from_s),
+        "idle_until": iso_utc(idle_until_s),
         "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
     }
+
+
+def idle_bounds(since_s: float | None, until_s: float | None, *, now_s: float) -> tuple[float | None, float | None]:
+    """The whole hours, or whole days, a report's idle energy covers: ``[from, until)``.
+
+    Idle hours older than ``IDLE_DAILY_AFTER_S`` are folded into one row per device and day by the prune
+    pass (``storage.retention``). A bound older than that is taken to the day (the day containing
+    ``since``, days starting before ``until``), so a report reads the same sum whether the pass has folded
+    those hours yet or not; newer bounds stay whole hours (the hour containing ``since``, hours starting
+    before ``until``)."""
+    old_s = now_s - IDLE_DAILY_AFTER_S
+
+    def floor(t_s: float) -> float:
+        return day_floor_s(t_s) if t_s < old_s else hour_floor_s(t_s)
+
+    def ceil(t_s: float) -> float:
+        step_s = DAY_S if t_s < old_s else HOUR_S
+        return math.ceil(t_s / step_s) * step_s
+
+    return (None if since_s is None else floor(since_s), None if until_s is None else ceil(until_s))
 
 
 def _idle(
     conn: Connection, *, since_s: float | None, host_names: set[str] | None, until_s: float | None = None
 ) -> list[dict[str, Any]]:
     # Summed per device first (the window's hours through ix_idle_energy_hour_s), then named: the join and
-    # the grouping by names run over one row per device rather than one per device and hour.
+    # the grouping by names run over one row per device rather than one per device and hour. The bounds
+    # are idle_bounds', already whole hours or days.
     per_device = select(idle_energy.c.device_id, func.sum(idle_energy.c.energy_j).label("energy_j"))
     if since_s is not None:
-        per_device = per_device.where(idle_energy.c.hour_s >= hour_floor_s(since_s))
+        per_device = per_device.where(idle_energy.c.hour_s >= since_s)
     if until_s is not None:
         per_device = per_device.where(idle_energy.c.hour_s < until_s)
     if host_names is not None:

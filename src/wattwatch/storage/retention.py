@@ -18,8 +18,13 @@ What each table is for, and so what may go (docs/retention-readme.md says it for
   ``now - max(retention_s, past + future)``. (Rule: keep keys at least the whole time window, past plus
   future, since a batch is received.)
 - Never pruned: ``jobs``, ``job_device_energy``, ``job_hosts``, ``job_query_totals``, ``span_stats``
-  (the rollups reports read), ``idle_energy`` (idle per device and hour), ``device_energy`` (totals),
-  hosts, devices, agents and tokens.
+  (the rollups reports read), ``idle_energy``, ``device_energy`` (totals), hosts, devices, agents and
+  tokens. ``idle_energy`` is compacted instead: hours older than ``reads.IDLE_DAILY_AFTER_S`` (2 days) are
+  folded into one row per device and day (at the day's midnight), so a 7-day report sums about 50 rows
+  per device rather than 168, and history costs 24 times fewer rows. Reports bound idle by whole days
+  that far back (``reads.idle_bounds``), so they read the same sums before and after a fold. Energy is
+  moved, never lost: the fold deletes the hour rows (``DELETE ... RETURNING``, so a row an ingest updates
+  meanwhile is folded at its latest value or left for the next pass) and adds what it deleted to the day.
 
 Each statement deletes at most ``chunk_rows`` rows and commits, so the pass never holds a long lock
 (SQLite's single writer) or builds a large transaction; ingest interleaves between chunks. A pass that
@@ -38,11 +43,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Column, Engine, Table, delete, select, tuple_
+from sqlalchemy import Column, Engine, Integer, Table, cast, delete, func, select, tuple_
 
+from wattwatch.storage.dialect import upsert_rows
 from wattwatch.storage.engine import WRITE_TX
+from wattwatch.storage.reads import DAY_S as _DAY_S
+from wattwatch.storage.reads import IDLE_DAILY_AFTER_S, day_floor_s
 from wattwatch.storage.tables import (
     energy_intervals,
+    idle_energy,
     ingested_batches,
     job_ticks,
     queries,
@@ -125,6 +134,11 @@ def prune(
         return result
     deadline = None if budget_s is None else monotonic() + budget_s
     c = cutoffs(now_s=now_s, retention_s=retention_s, past_s=past_s, future_s=future_s)
+    folded, done = fold_idle_days(engine, now_s=now_s, deadline=deadline, monotonic=monotonic)
+    result.deleted["idle_energy_hours_folded"] = folded
+    if not done:
+        result.complete = False
+        return result
     for table, when, before_s in _targets(c):
         result.deleted[table.name] = 0
         while True:
@@ -148,3 +162,62 @@ def _delete_chunk(engine: Engine, table: Table, when: Column[float], before_s: f
     stmt = delete(table).where(match.in_(chosen))
     with engine.connect().execution_options(**{WRITE_TX: True}) as conn, conn.begin():
         return int(conn.execute(stmt).rowcount or 0)
+
+
+def fold_idle_days(
+    engine: Engine,
+    *,
+    now_s: float,
+    deadline: float | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> tuple[int, bool]:
+    """Fold every idle hour older than ``IDLE_DAILY_AFTER_S`` into its day, a day per transaction, oldest
+    first; returns (hour rows folded, whether all are done: False when ``deadline`` passed first)."""
+    horizon_s = day_floor_s(now_s - IDLE_DAILY_AFTER_S)
+    total = 0
+    while (day_s := _oldest_unfolded_day(engine, horizon_s)) is not None:
+        if deadline is not None and monotonic() > deadline:
+            return total, False
+        folded = fold_idle_day(engine, day_s)
+        total += folded
+        if not folded:
+            break  # nothing moved (a row a hair off the hour): never loop on it
+    return total, True
+
+
+def _oldest_unfolded_day(engine: Engine, before_s: float) -> float | None:
+    """The first day before ``before_s`` that still has idle rows other than its midnight row."""
+    hour = idle_energy.c.hour_s
+    # SQLite may lack floor() (math functions are a compile option); its integer cast truncates, and hours
+    # are positive. PostgreSQL's cast rounds, so it takes floor().
+    days = func.floor(hour / _DAY_S) if engine.dialect.name == "postgresql" else cast(hour / _DAY_S, Integer)
+    off_midnight = hour - days * _DAY_S > 0.5
+    with engine.connect() as conn:
+        first = conn.execute(select(func.min(hour)).where(hour < before_s, off_midnight)).scalar()
+    return None if first is None else day_floor_s(float(first))
+
+
+def fold_idle_day(engine: Engine, day_s: float) -> int:
+    """Move every idle hour of the day starting at ``day_s`` (but its midnight hour) into the day's row,
+    per device, in one transaction; returns the hour rows folded. Sums per device are unchanged."""
+    hour = idle_energy.c.hour_s
+    with engine.connect().execution_options(**{WRITE_TX: True}) as conn, conn.begin():
+        moved = conn.execute(
+            delete(idle_energy)
+            .where(hour > day_s, hour < day_s + _DAY_S)
+            .returning(idle_energy.c.device_id, idle_energy.c.energy_j)
+        ).all()
+        per_device: dict[int, float] = {}
+        for device_id, energy_j in moved:
+            per_device[device_id] = per_device.get(device_id, 0.0) + energy_j
+        if per_device:
+            rows = [{"device_id": d, "hour_s": day_s, "energy_j": e} for d, e in sorted(per_device.items())]
+            stmt, params = upsert_rows(conn, idle_energy, rows)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[idle_energy.c.device_id, idle_energy.c.hour_s],
+                    set_={"energy_j": idle_energy.c.energy_j + stmt.excluded.energy_j},
+                ),
+                params,
+            )
+    return len(moved)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from wattwatch import wire
 from wattwatch.cli import main
+from wattwatch.storage import repository
+from wattwatch.storage.engine import make_engine
 
 COMMANDS = [["up"], ["demo"], ["collector"], ["agent"], ["run"], ["report"], ["doctor"], ["db", "upgrade"]]
 
@@ -41,6 +46,9 @@ def test_every_command_has_help_with_an_example(command: list[str], capsys: pyte
     [
         (["report", "--since", "soon"], "--since"),
         (["report", "--format", "xml"], "--format"),
+        (["report", "--limit", "0"], "--limit"),
+        (["report", "--cursor", "not a cursor"], "--cursor"),
+        (["collector", "--retention-days", "-2"], "--retention-days"),
         (["run", "--kind", "training"], "no command given"),
         (["run", "--label", "novalue", "--", "true"], "--label"),
         (["up", "--listen", "localhost"], "HOST:PORT"),
@@ -87,6 +95,41 @@ def test_db_upgrade_then_empty_report(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "No jobs recorded yet" in capsys.readouterr().out
     assert main(["report", "--db", url, "--format", "json"]) == 0
     assert capsys.readouterr().out.strip().startswith("{")
+
+
+def test_report_pages_with_a_default_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`wattwatch report` covers the last 7 days unless told, says so, and pages with --limit/--cursor."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    engine = make_engine(url)
+    now_s = time.time()
+    starts = {f"job{i}": now_s - 3600 * (5 - i) for i in range(5)} | {"old": now_s - 9 * 86400}
+    for seq, (job_id, t0_s) in enumerate(starts.items(), start=1):
+        job = wire.Job(id=job_id, name=job_id, kind="training", started_at_s=t0_s, ended_at_s=t0_s + 10)
+        gpu = wire.Device(key="gpu0", kind="gpu")
+        intervals = [wire.Interval("gpu0", t0_s, t0_s + 10, 1000.0, "counter", shares={job_id: 1.0})]
+        b = wire.Batch(seq=seq, agent_id="a", host="h", devices=[gpu], jobs=[job], intervals=intervals)
+        repository.ingest_batch(engine, b, received_at_s=now_s)
+    engine.dispose()
+    capsys.readouterr()
+    seen: list[str] = []
+    cursor: list[str] = []
+    for _page in range(5):
+        assert main(["report", "--db", url, "--limit", "2", "--format", "json", *cursor]) == 0
+        out = capsys.readouterr()
+        page = json.loads(out.out)
+        assert page["window"]["default"] is True and page["window"]["since"] == "7d"
+        seen += [j["id"] for j in page["jobs"]]
+        if page["next_cursor"] is None:
+            break
+        assert f"more jobs: --cursor {page['next_cursor']}" in out.err
+        cursor = ["--cursor", page["next_cursor"]]
+    assert seen == [f"job{i}" for i in range(5)]  # "old" ended 9 days ago: outside the default window
+    assert main(["report", "--db", url, "--since", "30d", "--format", "json"]) == 0
+    assert [j["id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == ["old", *seen]
+    assert main(["report", "--db", url, "--limit", "3"]) == 0
+    table = capsys.readouterr().out
+    assert "(the default; --since to change)" in table and "more jobs: --cursor " in table
 
 
 def test_report_for_an_unknown_job_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,10 +78,67 @@ def test_ingest_duplicate_and_report(client: TestClient, db_engine: Engine, cloc
     assert r.json() == {"accepted": True, "duplicate": False, "intervals": 20}
     assert post_batch(client, sample_batch()).json() == {"accepted": True, "duplicate": True, "intervals": 0}
     report = client.get("/api/v1/report").json()
-    assert report == repository.build_report(db_engine, now_s=clock())
+    # No since: the default window, stated in the answer.
+    window = report.pop("window")
+    assert window == {
+        "since": "7d",
+        "since_s": clock() - 7 * 86400,
+        "since_at": "2023-11-07T22:15:00Z",
+        "default": True,
+    }
+    assert report == repository.build_report(db_engine, now_s=clock(), since_s=window["since_s"], limit=1000)
     (job,) = report["jobs"]
     assert (job["id"], job["energy_j"], job["hosts"]) == ("train-1", 3000.0, ["h1"])
     assert report["idle"][0]["energy_j"] == 600.0
+
+
+def _finished_job(seq: int, job_id: str, t0_s: float) -> wire.Batch:
+    """A job of 10 s with 100 J per second on gpu0, and 10 J per second idle on gpu1."""
+    return batch(
+        seq,
+        jobs=[wire.Job(id=job_id, name=job_id, kind="training", started_at_s=t0_s, ended_at_s=t0_s + 10)],
+        intervals=[iv("gpu0", t0_s + t, 100.0, {job_id: 1.0}) for t in range(10)]
+        + [iv("gpu1", t0_s + t, 10.0, {}) for t in range(10)],
+    )
+
+
+def test_report_pages_add_up_and_default_window(client: TestClient, clock: FakeClock) -> None:
+    """Paging (limit, cursor) gives every job of the window once, in start order; idle on the first page;
+    a job that ended before the default 7 days is left out until asked for with since."""
+    day_s = 86400.0
+    ids = [f"j{i}" for i in range(7)]
+    for i, job_id in enumerate(ids):
+        assert post_batch(client, _finished_job(i + 1, job_id, T0 - 3600 * (7 - i))).status_code == 200
+    assert post_batch(client, _finished_job(100, "ancient", T0 - 9 * day_s)).status_code == 200
+    pages: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = client.get("/api/v1/report", params=params).json()
+        pages.append(page)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [len(p["jobs"]) for p in pages] == [3, 3, 1]
+    assert [j["id"] for p in pages for j in p["jobs"]] == ids  # "ancient" is outside the default window
+    assert all(p["window"]["default"] for p in pages)
+    # Idle once: 10 s x 10 J for each job in the window (the hours they fall in), on the first page only.
+    assert [i["energy_j"] for i in pages[0]["idle"]] == [pytest.approx(100.0 * 7)]
+    assert all(p["idle"] == [] for p in pages[1:])
+    # Asked for, the older job is there, and the window says what was asked.
+    wide = client.get("/api/v1/report", params={"since": "30d"}).json()
+    assert [j["id"] for j in wide["jobs"]] == ["ancient", *ids]
+    assert wide["window"]["default"] is False and wide["window"]["since"] == "30d"
+    # One job: no window applies, whenever it ran.
+    one = client.get("/api/v1/report", params={"job": "ancient"}).json()
+    assert [j["id"] for j in one["jobs"]] == ["ancient"] and one["window"]["since_s"] is None
+
+
+@pytest.mark.parametrize("cursor", ["bm90LWpzb24", "WzEsMl0", "!!"])
+def test_report_bad_cursor_is_422(client: TestClient, cursor: str) -> None:
+    r = client.get("/api/v1/report", params={"cursor": cursor})
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "cursor"
 
 
 def test_gzip_body(client: TestClient) -> None:

@@ -30,6 +30,7 @@ from wattwatch import limits, wire
 from wattwatch.collector import create_app
 from wattwatch.collector.contract import BEARER, OPEN_PATHS, PATTERN_HINTS, SINCE_PATTERN
 from wattwatch.config import Settings
+from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import migrate, tokens
 from wattwatch.storage.engine import make_engine
 from wattwatch.units import JOB_KINDS
@@ -149,7 +150,9 @@ def served(tmp_path: Path, db_engine: Engine) -> Iterator[Served]:
     # The time window (limits.TimeWindow, tests/test_bounds.py) is a setting, not part of the document: opened
     # to every time the document allows, so schema-valid writes are stored and reach the database code.
     wide = {"time_window_past_s": limits.MAX_EPOCH_S, "time_window_future_s": limits.MAX_EPOCH_S}
-    app = create_app(Settings(home=tmp_path, **wide), db_engine, span_energy_interval_s=None)
+    # The collector's clock an hour after the seeded data, so a report's default window (7 days) holds it.
+    clock = FakeClock(T0 + 3600)
+    app = create_app(Settings(home=tmp_path, **wide), db_engine, clock=clock, span_energy_interval_s=None)
     with TestClient(app) as client:
         seed(client, admin)
         ROUTER.app, ROUTER.token = app, admin

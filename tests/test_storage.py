@@ -453,9 +453,10 @@ def _seed_report_data(engine: Engine) -> None:
 def test_report_shape_is_design_json(db_engine: Engine) -> None:
     _seed_report_data(db_engine)
     report = repository.build_report(db_engine, grid_intensity_g_per_kwh=500.0, pue=1.2, now_s=T0 + 4010)
-    # DESIGN's two keys, and what tells "no job matches" from "no job yet" (issue 11).
-    assert set(report) == {"jobs", "idle", "filters", "jobs_recorded", "idle_from", "idle_until"}
-    assert report["filters"] == {} and report["jobs_recorded"] is True
+    # DESIGN's two keys, what tells "no job matches" from "no job yet" (issue 11), and the paging cursor
+    # (null: no limit asked, so this is the only page).
+    assert set(report) == {"jobs", "idle", "filters", "jobs_recorded", "idle_from", "idle_until", "next_cursor"}
+    assert report["filters"] == {} and report["jobs_recorded"] is True and report["next_cursor"] is None
     old, srv = report["jobs"]
     assert set(old) >= DESIGN_JOB_KEYS
     iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")

@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
     _add_allow_open(up)
     _add_metric_labels(up)
+    _add_retention(up)
     _add_agent_options(up)
 
     demo = sub.add_parser(
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     _add_metric_labels(col)
     _add_time_window(col)
+    _add_retention(col)
 
     ag = sub.add_parser(
         "agent",
@@ -179,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--since",
         metavar="WHEN",
         help="only jobs running or ended after WHEN: a duration back from now (90s, 15m, 12h, 7d) or a date "
-        "(2026-11-30, 2026-11-30T08:00Z); idle energy follows, in whole hours",
+        "(2026-11-30, 2026-11-30T08:00Z); idle energy follows, in whole hours (default 7d unless --until or "
+        "--job is given)",
     )
     rep.add_argument("--until", metavar="WHEN", help="only jobs started before WHEN (as --since)")
     rep.add_argument("--host", help="only jobs that ran on this host (and idle energy of this host)")
@@ -191,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K=V",
         help="only jobs with this label (K=V, or K for any value); repeatable, all must hold",
     )
+    rep.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N jobs, oldest first (default 1000)")
+    rep.add_argument("--cursor", metavar="CURSOR", help="the next page: the cursor the previous page printed")
     rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
     _add_token(rep, "bearer token for --server: a reader token")
     _add_ca_file(rep)
@@ -399,6 +404,25 @@ def _add_time_window(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_retention(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--retention-days",
+        type=float,
+        metavar="DAYS",
+        help="delete raw intervals older than this, and spans, ticks and batch keys once also past the time "
+        "window; job and idle rollups stay forever (default 14; 0 keeps everything; WATTWATCH_RETENTION_DAYS)",
+    )
+
+
+def _retention_changes(args: argparse.Namespace, settings: Settings) -> dict[str, float]:
+    raw = getattr(args, "retention_days", None)
+    days = settings.retention_days if raw is None else raw
+    if not (days >= 0 and days <= 36500):
+        where = "--retention-days" if raw is not None else "WATTWATCH_RETENTION_DAYS"
+        raise UsageError(f"{where} {days:g} is out of range; use 0 (keep everything) or 1 to 36500 days")
+    return {} if raw is None else {"retention_days": float(raw)}
+
+
 def _time_window_changes(args: argparse.Namespace) -> dict[str, float]:
     changes: dict[str, float] = {}
     for flag, name in (("past", "time_window_past_s"), ("future", "time_window_future_s")):
@@ -532,6 +556,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         changes["metric_labels"] = args.metric_labels
     changes.update(_identity_changes(args))
     changes.update(_time_window_changes(args))
+    if args.command in ("up", "collector"):
+        changes.update(_retention_changes(args, settings))
     settings = dataclasses.replace(settings, **changes)
     needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run")
     return resolve_token(settings) if needs_token else settings

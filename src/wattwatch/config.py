@@ -63,6 +63,10 @@ class Settings:
     # The collector refuses (422) times further than this before or after its own clock (limits.TimeWindow).
     time_window_past_s: float = limits.DEFAULT_PAST_S
     time_window_future_s: float = limits.DEFAULT_FUTURE_S
+    # Raw intervals older than this are deleted by the collector's prune pass (storage.retention), and
+    # spans, ticks and idempotency keys once older than both this and the time window; 0 keeps everything.
+    # Rollups of jobs and idle energy are never deleted.
+    retention_days: float = 14.0
 
     @property
     def socket_path(self) -> Path:
@@ -119,6 +123,7 @@ _ENV = {
     "host_silent_after_s": "WATTWATCH_HOST_SILENT_AFTER",
     "time_window_past_s": "WATTWATCH_TIME_WINDOW_PAST",
     "time_window_future_s": "WATTWATCH_TIME_WINDOW_FUTURE",
+    "retention_days": "WATTWATCH_RETENTION_DAYS",
 }
 
 

@@ -69,6 +69,14 @@ DEFAULT_FUTURE_S = 86400.0
 # A job's start may lie further back than the window: a training run of months sends its start with its end.
 MAX_JOB_AGE_S = 400 * 86400.0
 
+# --- report pages (GET /api/v1/report, `wattwatch report`) ----------------------------------------------
+REPORT_DEFAULT_LIMIT = 1000
+REPORT_MAX_LIMIT = 10_000
+# With neither a window nor one job asked for, a report covers this (and says so), never all history.
+REPORT_DEFAULT_SINCE = "7d"
+# What storage.reads.encode_cursor writes: base64url without padding.
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,600}$"
+
 # --- why something was refused (the agent's wattwatch_agent_refused_total{reason}) ---------------------
 REASON_TIME = "timestamp"  # not finite, not Unix seconds, or outside the time window
 REASON_ORDER = "end_before_start"

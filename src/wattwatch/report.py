@@ -108,6 +108,19 @@ def render(report: Mapping[str, Any], fmt: str = "table") -> str:
     raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
+def window_note(report: Mapping[str, Any]) -> str:
+    """What the report covers and how to see more: its window and, when there is a next page, the cursor."""
+    lines = []
+    window = report.get("window") or {}
+    if window.get("default"):
+        lines.append(f"Jobs active in the last {window.get('since')} (the default; --since to change).")
+    elif window.get("since_at"):
+        lines.append(f"Jobs active since {window['since_at']} (--since {window.get('since')}).")
+    if report.get("next_cursor"):
+        lines.append(f"more jobs: --cursor {report['next_cursor']}")
+    return "\n".join(lines)
+
+
 def format_energy(energy_j: float | None) -> str:
     """Joules in a readable unit: ``812 J``, ``45.2 kJ``, ``3.41 kWh``."""
     if energy_j is None:
@@ -199,6 +212,11 @@ def _idle_rows(report: Mapping[str, Any]) -> list[list[str]]:
 def empty_message(report: Mapping[str, Any]) -> str:
     """Why a report has no jobs: its filters match none (named), or the database holds none yet."""
     filters = report.get("filters") or {}
+    window = report.get("window") or {}
+    if window.get("default") and report.get("jobs_recorded", True) and set(filters) <= {"since"}:
+        return (
+            f"No jobs in the last {window.get('since')} (the default window); --since 30d or a date looks further back."
+        )
     if filters and report.get("jobs_recorded", True):
         given = ", ".join(f"{k} {','.join(v) if isinstance(v, list) else v}" for k, v in filters.items())
         return f"No jobs match these filters: {given}. Widen or drop them; `wattwatch report` alone lists every job."
@@ -224,6 +242,9 @@ def _table(report: Mapping[str, Any]) -> str:
         parts += ["", f"{_idle_title(report)}:", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
     if any("estimate" in (j.get("sources") or []) for j in report.get("jobs", [])):
         parts += ["", "Note: 'estimate' energy comes from a TDP model (no RAPL counter here), not a measurement."]
+    note = window_note(report)
+    if note:
+        parts += ["", note]
     return "\n".join(parts)
 
 
@@ -242,6 +263,9 @@ def _markdown(report: Mapping[str, Any]) -> str:
     idle = _idle_rows(report)
     if idle:
         lines += ["", f"**{_idle_title(report)}**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
+    note = window_note(report)
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
 
 

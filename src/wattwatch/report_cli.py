@@ -15,11 +15,27 @@ from wattwatch.config import Settings
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    """``wattwatch report``: print the report in ``--format``."""
-    from wattwatch.report import render
+    """``wattwatch report``: print the report in ``--format``, one page (``--limit``, ``--cursor``).
 
+    With none of ``--since``, ``--until`` and ``--job`` it covers the last 7 days, like the collector's
+    API, and says so (``window`` in JSON; a line under the table)."""
+    import re
+    import sys
+
+    from wattwatch.limits import CURSOR_PATTERN, REPORT_DEFAULT_SINCE, REPORT_MAX_LIMIT
+    from wattwatch.report import render, window_note
+    from wattwatch.units import iso_utc
+
+    if not 1 <= args.limit <= REPORT_MAX_LIMIT:
+        raise UsageError(f"--limit {args.limit} is out of range; use 1 to {REPORT_MAX_LIMIT}")
+    if args.cursor is not None and not re.fullmatch(CURSOR_PATTERN, args.cursor):
+        raise UsageError(BAD_CURSOR)
     now_s = time.time()
-    since_s = _when(args.since, "--since", now_s)
+    default = not args.since and not args.until and not args.job
+    since = REPORT_DEFAULT_SINCE if default else args.since
+    since_s = _when(since, "--since", now_s)
+    if since_s is not None:
+        since_s = max(since_s, 0.0)
     until_s = _when(args.until, "--until", now_s)
     if since_s is not None and until_s is not None and since_s >= until_s:
         raise UsageError(f"--since {args.since} is not before --until {args.until}; swap them or widen the window")
@@ -34,9 +50,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 ("until", args.until),
                 ("host", args.host),
                 ("name", args.name),
+                ("cursor", args.cursor),
             )
             if v
         }
+        params["limit"] = args.limit
         if args.label:
             params["label"] = list(args.label)
         report = get_json(args.server, "/api/v1/report", settings, params=params)
@@ -52,13 +70,24 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             host=args.host,
             name=args.name,
             labels=labels,
+            limit=args.limit,
+            cursor=args.cursor,
         )
+        report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
     if args.job and not report["jobs"] and _only_job(args):
         raise UsageError(
             f"no job {args.job!r} (an id, id prefix or name) in this database; list jobs with `wattwatch report`"
         )
     print(render(report, args.format))
+    if args.format in ("csv", "json"):
+        # Machine formats stay parseable on stdout (JSON holds window and next_cursor); people read stderr.
+        note = window_note(report)
+        if note:
+            sys.stderr.write(note + "\n")
     return 0
+
+
+BAD_CURSOR = "--cursor is not one a report printed; copy it from the line `more jobs: --cursor ...`"
 
 
 def _only_job(args: argparse.Namespace) -> bool:
@@ -92,7 +121,7 @@ def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **
     """The report read straight from the database at ``url``; ``job_ref`` resolved as ``job_refs`` says."""
     from wattwatch.storage.engine import check_ready
     from wattwatch.storage.job_refs import AmbiguousJob
-    from wattwatch.storage.reads import build_report, resolve_job
+    from wattwatch.storage.reads import BadCursor, build_report, resolve_job
 
     engine = check_ready(url)
     try:
@@ -104,13 +133,16 @@ def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **
                 raise UsageError(str(exc)) from None
             if job_id is None:
                 return {"jobs": [], "idle": [], "filters": {"job": job_ref}, "jobs_recorded": True}
-        return build_report(
-            engine,
-            job_id=job_id,
-            grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
-            pue=settings.pue,
-            **filters,
-        )
+        try:
+            return build_report(
+                engine,
+                job_id=job_id,
+                grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
+                pue=settings.pue,
+                **filters,
+            )
+        except BadCursor:
+            raise UsageError(BAD_CURSOR) from None
     finally:
         engine.dispose()
 

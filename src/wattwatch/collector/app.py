@@ -29,6 +29,7 @@ from wattwatch.collector.errors import ApiError, InternalErrorMiddleware
 from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
+from wattwatch.collector.retention_scheduler import RetentionScheduler
 from wattwatch.collector.routes import Context, build_router
 from wattwatch.collector.silent_scheduler import SilentHostScheduler
 from wattwatch.collector.span_scheduler import DEFAULT_INTERVAL_S, SpanEnergyScheduler
@@ -63,13 +64,14 @@ def create_app(
     for data older than ``span_energy_settle_s``, and once more at shutdown; ``None`` turns that off
     (``app.state.wattwatch.span_energy.run_once()`` still computes on demand). Running jobs of hosts
     silent for ``settings.host_silent_after_s`` are ended by a periodic pass too
-    (``app.state.silent_hosts``, a ``SilentHostScheduler``).
+    (``app.state.silent_hosts``, a ``SilentHostScheduler``), and rows past ``settings.retention_days`` are
+    pruned every 10 minutes (``app.state.retention``, a ``RetentionScheduler``; ``storage.retention``).
 
     Identity (``collector.auth``): ``settings.token`` is a static admin token, ``local_token`` the
     in-process agent's of ``wattwatch up``; ``auth_required`` demands a token even while none exists (a
     collector listening beyond loopback); the database's tokens are re-read every ``token_refresh_s``.
 
-    ``periodic=False`` runs neither periodic pass (span energy, silent hosts): the other worker processes
+    ``periodic=False`` runs no periodic pass (span energy, silent hosts, retention): the other worker processes
     of ``wattwatch collector --workers N`` leave them to worker 0.
     """
     owns_engine = engine is None
@@ -78,6 +80,7 @@ def create_app(
     registry, ingest_metrics = build_registry(db, settings, clock, leader)
     span_energy = SpanEnergyScheduler(db, clock=clock, interval_s=span_energy_interval_s, settle_s=span_energy_settle_s)
     silent_hosts = SilentHostScheduler(db, clock=clock, silent_after_s=settings.host_silent_after_s)
+    retention = RetentionScheduler(db, settings, clock=clock, leader=leader)
     writer = GroupCommitter(db)
     ctx = Context(
         settings=settings,
@@ -99,12 +102,14 @@ def create_app(
         if periodic:
             span_energy.start()
             silent_hosts.start()
+            retention.start()
         try:
             yield
         finally:
             # Off the event loop: the last pass talks to the database and may take a moment.
             await asyncio.to_thread(writer.stop)
             await asyncio.to_thread(silent_hosts.stop)
+            await asyncio.to_thread(retention.stop)
             await asyncio.to_thread(span_energy.stop)
             leader.close()
             if owns_engine:
@@ -123,6 +128,7 @@ def create_app(
     app.state.wattwatch = ctx
     app.state.metrics_leader = leader
     app.state.silent_hosts = silent_hosts
+    app.state.retention = retention
     app.state.auth = auth
     app.include_router(build_router(ctx, auth))
     _install_error_handlers(app, db)

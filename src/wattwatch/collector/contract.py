@@ -79,6 +79,23 @@ LabelFilter = Annotated[
     Query(description="only jobs with this label: KEY=VALUE, or KEY for any value (repeatable; all must hold)"),
 ]
 Kind = Annotated[JobKind | None, Query(description="only jobs of this kind")]
+# A report page: at most ``limit`` jobs, after the job a previous page's ``next_cursor`` names; with neither
+# ``since`` nor ``job``, the default window (stated in the answer's ``window``).
+REPORT_DEFAULT_LIMIT = limits.REPORT_DEFAULT_LIMIT
+REPORT_MAX_LIMIT = limits.REPORT_MAX_LIMIT
+REPORT_DEFAULT_SINCE = limits.REPORT_DEFAULT_SINCE
+CURSOR_PATTERN = limits.CURSOR_PATTERN
+Limit = Annotated[
+    int, Query(ge=1, le=REPORT_MAX_LIMIT, description="at most this many jobs on the page", examples=[100])
+]
+Cursor = Annotated[
+    str | None,
+    Query(
+        pattern=CURSOR_PATTERN,
+        max_length=600,
+        description="the next_cursor of the previous page (same filters); absent: the first page",
+    ),
+]
 _KEY = _meta(wire.Key)
 _NAME = _meta(wire.Name)
 # A job's id, a unique prefix of it, or its name (names may hold any character but NUL).
@@ -103,6 +120,7 @@ PATTERN_HINTS = {
     "until": TIME_EXAMPLES,
     "job": "a job's id, a unique prefix of it, or its name: 1-200 characters, no NUL",
     "job_id": _JOB_ID_HINT,
+    "cursor": "a cursor: the next_cursor of the previous page, as given",
 }
 
 _DESCRIPTIONS = {

@@ -135,8 +135,20 @@ class Idle(msgspec.Struct):
     device_kind: DeviceKind
 
 
+class ReportWindow(msgspec.Struct):
+    """Which jobs a report covers: those that ended at or after ``since_at`` or still run; null times
+    when no window applies (a report of one job)."""
+
+    since: str | None  # the duration or date asked for (or the default), e.g. "7d"
+    since_s: Epoch_s | None
+    since_at: Timestamp | None
+    default: bool  # true when no ``since`` was given and the collector's default window applied
+
+
 class Report(msgspec.Struct):
-    """``GET /api/v1/report``: jobs in start order and idle energy per device."""
+    """``GET /api/v1/report``: one page of jobs in start order, and idle energy per device (first page only).
+
+    ``next_cursor`` is null on the last page, else the ``cursor`` that asks for the next one."""
 
     jobs: list[JobEntry]
     idle: list[Idle]
@@ -146,6 +158,8 @@ class Report(msgspec.Struct):
     jobs_recorded: Annotated[bool, msgspec.Meta(description="whether the database holds any job at all")]
     idle_from: Annotated[Timestamp | None, msgspec.Meta(description="idle energy counts whole hours from here")]
     idle_until: Annotated[Timestamp | None, msgspec.Meta(description="... up to here")]
+    next_cursor: str | None
+    window: ReportWindow
 
 
 class Health(msgspec.Struct):

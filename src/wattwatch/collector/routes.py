@@ -34,7 +34,7 @@ from wattwatch.storage.engine import check_schema
 from wattwatch.storage.group_ingest import Pending
 from wattwatch.storage.job_refs import AmbiguousJob
 from wattwatch.storage.reads import resolve_job
-from wattwatch.units import JOB_KINDS, parse_time_s
+from wattwatch.units import JOB_KINDS, iso_utc, parse_time_s
 
 T = TypeVar("T")
 # Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
@@ -357,30 +357,47 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         host: contract.HostFilter = None,
         name: contract.NameGlob = None,
         label: contract.LabelFilter = None,
+        limit: contract.Limit = contract.REPORT_DEFAULT_LIMIT,
+        cursor: contract.Cursor = None,
     ) -> dict[str, Any]:
-        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, with the filters applied.
+        """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, with the filters applied, one page
+        at a time (``limit``; ``cursor``: the ``next_cursor`` of the page before).
 
         ``job`` takes a job's id, a unique prefix of it or its name (422 listing the candidates when it
         names several); ``since``/``until`` a duration back from now or a date; ``name`` a shell glob;
-        ``label`` (repeatable) ``KEY=VALUE`` or ``KEY``; ``host`` a host name."""
+        ``label`` (repeatable) ``KEY=VALUE`` or ``KEY``; ``host`` a host name. With none of ``since``,
+        ``until`` and ``job`` it covers the last 7 days (``window`` says which window applied), so a report
+        never reads all of history unless asked to."""
         job_id = None
         if job:
             try:
                 job_id = resolve_job(ctx.engine, job) or job
             except AmbiguousJob as exc:
                 raise ApiError(422, str(exc), "job") from None
-        return repository.build_report(
-            ctx.engine,
-            since_s=_since_s(ctx, since),
-            until_s=_since_s(ctx, until, "until"),
-            job_id=job_id,
-            kind=_kind(kind),
-            host=host or None,
-            name=name or None,
-            labels=_labels(label),
-            now_s=ctx.clock(),
-            **carbon,
-        )
+        default = not since and not until and not job
+        since = contract.REPORT_DEFAULT_SINCE if default else (since or None)
+        since_s = _since_s(ctx, since)
+        if since_s is not None:
+            since_s = max(since_s, 0.0)  # "since 10,000 weeks" is since 1970: nothing was stored before
+        try:
+            report = repository.build_report(
+                ctx.engine,
+                since_s=since_s,
+                until_s=_since_s(ctx, until, "until"),
+                job_id=job_id,
+                kind=_kind(kind),
+                host=host or None,
+                name=name or None,
+                labels=_labels(label),
+                now_s=ctx.clock(),
+                limit=limit,
+                cursor=cursor or None,
+                **carbon,
+            )
+        except repository.BadCursor as exc:
+            raise ApiError(422, f"cursor: {exc}", "cursor") from None
+        report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
+        return report
 
     @router.get(
         "/metrics",

@@ -248,6 +248,14 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     repo.add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
     repo.add_job_hosts(conn, job_hosts)
     repo.add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])
+    per_device: dict[int, tuple[float, float]] = {}
+    for (_job_id, device_id), (energy_j, _p, _s) in jde.items():
+        job_j, idle_j = per_device.get(device_id, (0.0, 0.0))
+        per_device[device_id] = (job_j + energy_j, idle_j)
+    for (device_id, _hour_s), energy_j in idle.items():
+        job_j, idle_j = per_device.get(device_id, (0.0, 0.0))
+        per_device[device_id] = (job_j, idle_j + energy_j)
+    repo.add_device_energy(conn, per_device)
     record_ticks_many(conn, sorted(ticks.items()))
     for item in items:
         if item.batch.queries or item.batch.query_counts:

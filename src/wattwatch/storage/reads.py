@@ -15,7 +15,10 @@ answers (with ``phase`` and ``phase_of`` set).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import fnmatch
+import json
 import math
 import time
 from collections.abc import Iterator, Mapping
@@ -23,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, func, or_, select
+from sqlalchemy import Connection, Engine, Select, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from wattwatch.accounting.carbon import emissions_g
@@ -31,6 +34,7 @@ from wattwatch.accounting.rollup import hour_floor_s
 from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
+    device_energy,
     devices,
     hosts,
     idle_energy,
@@ -42,6 +46,18 @@ from wattwatch.storage.zero_reasons import explain
 from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc
 
 DEFAULT_LIST_LIMIT = 100
+
+# Idle hours older than this are folded into days (storage.retention.fold_idle_days); reports bound idle
+# by days beyond it (idle_bounds).
+IDLE_DAILY_AFTER_S = 2 * 86400.0
+DAY_S = 86400.0
+HOUR_S = 3600.0
+
+
+def day_floor_s(t_s: float) -> float:
+    """The start (UTC midnight) of the day containing ``t_s``."""
+    return math.floor(t_s / DAY_S) * DAY_S
+
 
 _SOURCE_NOTES = {
     "estimate": "includes estimated energy (no hardware counter: CPU power from TDP x utilisation)",
@@ -262,6 +278,31 @@ def _phase_fields(phases: list[dict[str, Any]]) -> dict[str, Any]:
     return fields
 
 
+class BadCursor(ValueError):
+    """A report ``cursor`` this collector did not write (or a mangled one)."""
+
+
+def encode_cursor(started_at_s: float, job_id: str) -> str:
+    """The opaque ``cursor`` of a report page that ends with this job (start time and id, base64url)."""
+    raw = json.dumps([started_at_s, job_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """``encode_cursor``'s (start time, job id); BadCursor for anything it did not write."""
+    try:
+        value = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        started_at_s, job_id = value
+        if not isinstance(job_id, str) or isinstance(started_at_s, bool):
+            raise TypeError
+        started_at_s = float(started_at_s)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise BadCursor(f"{cursor[:40]!r} is not a cursor this collector gave; use next_cursor as given") from None
+    if not math.isfinite(started_at_s):
+        raise BadCursor("the cursor's start time is not a number; use next_cursor as given")
+    return started_at_s, job_id
+
+
 def resolve_job(engine: Engine, ref: str) -> str | None:
     """The id of the job ``ref`` names: its id, a unique id prefix or its name (``job_refs``); None when
     no job matches. Raises ``job_refs.AmbiguousJob`` when several do."""
@@ -282,10 +323,12 @@ def build_report(
     host: str | None = None,
     name: str | None = None,
     labels: Mapping[str, str | None] | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
     """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``, plus
-    ``filters`` (those given, times as ISO) and ``jobs_recorded`` (whether the database holds any job at
-    all, so "nothing matches" and "nothing yet" read differently).
+    ``filters`` (those given, times as ISO), ``jobs_recorded`` (whether the database holds any job at
+    all, so "nothing matches" and "nothing yet" read differently) and ``next_cursor`` (paging).
 
     ``since_s`` keeps jobs that ended at or after it (or still run), ``until_s`` those that started before
     it; idle energy follows the same window in whole hours (the hour containing ``since_s`` on, hours
@@ -293,24 +336,43 @@ def build_report(
     narrows to one job, and idle to that job's hosts. ``name`` is a shell glob on job names; ``labels``
     must all be on the job (a None value: any value). Jobs are in start order. ``now_s`` (default: the
     clock) is where a running job's duration ends.
+
+    Paging: ``limit`` jobs at most per page (None: all); ``next_cursor`` is None on the last page, else
+    what to pass as ``cursor`` for the next one (keyset paging on start time and id, so a job starting
+    meanwhile never shifts a page). Idle energy is on the first page only, so pages add up.
     """
     now_s = time.time() if now_s is None else now_s
     want = dict(labels or {})
     where = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
+    if cursor is not None:
+        after_s, after_id = decode_cursor(cursor)
+        where.append(or_(jobs.c.started_at_s > after_s, and_(jobs.c.started_at_s == after_s, jobs.c.id > after_id)))
+    in_order = (jobs.c.started_at_s, jobs.c.id)
     with _snapshot(engine) as conn:
-        job_ids: Select[Any] = select(jobs.c.id).where(*where)
+        kept: list[str] | None = None
         if name is not None or want:
             # Globs and JSON labels are matched here, the same on SQLite and PostgreSQL (LIKE differs in
             # case, JSON operators in syntax); only the window's rows are read.
-            rows = conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.labels).where(*where)).all()
+            rows = conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.labels).where(*where).order_by(*in_order)).all()
             kept = [r.id for r in rows if _matches(r.name, r.labels, name, want)]
-            job_ids = select(jobs.c.id).where(jobs.c.id.in_(kept))
+        elif limit is not None:
+            # Only the page's ids are read, in order; entries (the joins) are built for those alone.
+            kept = list(conn.execute(select(jobs.c.id).where(*where).order_by(*in_order).limit(limit + 1)).scalars())
+        more = kept is not None and limit is not None and len(kept) > limit
+        if kept is not None and limit is not None:
+            kept = kept[:limit]
+        job_ids = select(jobs.c.id).where(*where) if kept is None else select(jobs.c.id).where(jobs.c.id.in_(kept))
         entries = _job_entries(conn, job_ids, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, pue=pue, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
         if host is not None:
             idle_host_names = {host} if idle_host_names is None else idle_host_names & {host}
-        idle = _idle(conn, since_s=since_s, until_s=until_s, host_names=idle_host_names)
+        idle_from_s, idle_until_s = idle_bounds(since_s, until_s, now_s=now_s)
+        idle = (
+            []
+            if cursor is not None
+            else _idle(conn, since_s=idle_from_s, until_s=idle_until_s, host_names=idle_host_names)
+        )
         recorded = bool(ordered) or conn.execute(select(jobs.c.id).limit(1)).first() is not None
     filters = {
         "since": iso_utc(since_s),
@@ -321,35 +383,58 @@ def build_report(
         "name": name,
         "labels": [k if v is None else f"{k}={v}" for k, v in want.items()] or None,
     }
+    last = ordered[-1] if ordered and more else None
     return {
         "jobs": ordered,
         "idle": idle,
         "filters": {k: v for k, v in filters.items() if v is not None},
         "jobs_recorded": recorded,
-        "idle_from": iso_utc(hour_floor_s(since_s)) if since_s is not None else None,
-        "idle_until": iso_utc(math.ceil(until_s / 3600.0) * 3600.0) if until_s is not None else None,
+        "idle_from": iso_utc(idle_from_s),
+        "idle_until": iso_utc(idle_until_s),
+        "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
     }
+
+
+def idle_bounds(since_s: float | None, until_s: float | None, *, now_s: float) -> tuple[float | None, float | None]:
+    """The whole hours, or whole days, a report's idle energy covers: ``[from, until)``.
+
+    Idle hours older than ``IDLE_DAILY_AFTER_S`` are folded into one row per device and day by the prune
+    pass (``storage.retention``). A bound older than that is taken to the day (the day containing
+    ``since``, days starting before ``until``), so a report reads the same sum whether the pass has folded
+    those hours yet or not; newer bounds stay whole hours (the hour containing ``since``, hours starting
+    before ``until``)."""
+    old_s = now_s - IDLE_DAILY_AFTER_S
+
+    def floor(t_s: float) -> float:
+        return day_floor_s(t_s) if t_s < old_s else hour_floor_s(t_s)
+
+    def ceil(t_s: float) -> float:
+        step_s = DAY_S if t_s < old_s else HOUR_S
+        return math.ceil(t_s / step_s) * step_s
+
+    return (None if since_s is None else floor(since_s), None if until_s is None else ceil(until_s))
 
 
 def _idle(
     conn: Connection, *, since_s: float | None, host_names: set[str] | None, until_s: float | None = None
 ) -> list[dict[str, Any]]:
+    # Summed per device first (the window's hours through ix_idle_energy_hour_s), then named: the join and
+    # the grouping by names run over one row per device rather than one per device and hour. The bounds
+    # are idle_bounds', already whole hours or days.
+    per_device = select(idle_energy.c.device_id, func.sum(idle_energy.c.energy_j).label("energy_j"))
+    if since_s is not None:
+        per_device = per_device.where(idle_energy.c.hour_s >= since_s)
+    if until_s is not None:
+        per_device = per_device.where(idle_energy.c.hour_s < until_s)
+    if host_names is not None:
+        on_hosts = select(devices.c.id).join(hosts, devices.c.host_id == hosts.c.id)
+        per_device = per_device.where(idle_energy.c.device_id.in_(on_hosts.where(hosts.c.name.in_(sorted(host_names)))))
+    sums = per_device.group_by(idle_energy.c.device_id).subquery()
     stmt = (
-        select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(idle_energy.c.energy_j))
-        .select_from(
-            idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
-                hosts, devices.c.host_id == hosts.c.id
-            )
-        )
-        .group_by(hosts.c.name, devices.c.key, devices.c.kind)
+        select(hosts.c.name, devices.c.key, devices.c.kind, sums.c.energy_j)
+        .select_from(sums.join(devices, sums.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id))
         .order_by(hosts.c.name, devices.c.key)
     )
-    if since_s is not None:
-        stmt = stmt.where(idle_energy.c.hour_s >= hour_floor_s(since_s))
-    if until_s is not None:
-        stmt = stmt.where(idle_energy.c.hour_s < until_s)
-    if host_names is not None:
-        stmt = stmt.where(hosts.c.name.in_(sorted(host_names)))
     return [
         {"host": host, "device": key, "energy_j": float(energy_j), "device_kind": kind}
         for host, key, kind, energy_j in conn.execute(stmt)
@@ -491,28 +576,27 @@ def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals
             if job_id in snap.jobs:
                 snap.jobs[job_id].queries = figures.queries
                 snap.jobs[job_id].tokens = figures.tokens_in + figures.tokens_out
-        idle_host = idle_energy.join(devices, idle_energy.c.device_id == devices.c.id).join(
-            hosts, devices.c.host_id == hosts.c.id
-        )
-        idle_rows = conn.execute(
-            select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(idle_energy.c.energy_j))
-            .select_from(idle_host)
-            .group_by(hosts.c.name, devices.c.key, devices.c.kind)
-        ).all()
-        # Every job ever, not only visible ones: a host's energy counter must never go down.
-        job_rows = conn.execute(
-            select(hosts.c.name, devices.c.key, devices.c.kind, func.sum(jde.c.energy_j))
-            .select_from(device_host)
-            .group_by(hosts.c.name, devices.c.key, devices.c.kind)
+        # One row per device (device_energy: running totals ingest keeps), not every idle hour and job ever.
+        device_rows = conn.execute(
+            select(
+                hosts.c.name, devices.c.key, devices.c.kind, device_energy.c.job_energy_j, device_energy.c.idle_energy_j
+            )
+            .select_from(
+                device_energy.join(devices, device_energy.c.device_id == devices.c.id).join(
+                    hosts, devices.c.host_id == hosts.c.id
+                )
+            )
+            .order_by(hosts.c.name, devices.c.key)
         ).all()
         snap.host_seen = [
             (name, float(seen_s)) for name, seen_s in conn.execute(select(hosts.c.name, hosts.c.last_seen_s))
         ]
     host_totals: dict[tuple[str, str, str], float] = {}
-    for host, key, device_kind, energy_j in idle_rows:
-        snap.idle.append((host, key, device_kind, float(energy_j)))
-        host_totals[(host, key, device_kind)] = host_totals.get((host, key, device_kind), 0.0) + float(energy_j)
-    for host, key, device_kind, energy_j in job_rows:
-        host_totals[(host, key, device_kind)] = host_totals.get((host, key, device_kind), 0.0) + float(energy_j)
+    for host, key, device_kind, job_j, idle_j in device_rows:
+        if idle_j:
+            # A device that never idled (always some job's) has no idle series, as before device_energy.
+            snap.idle.append((host, key, device_kind, float(idle_j)))
+        # A host's energy counter never goes down: every job ever counts, not only those /metrics still shows.
+        host_totals[(host, key, device_kind)] = float(job_j) + float(idle_j)
     snap.host = [(h, k, dk, e) for (h, k, dk), e in sorted(host_totals.items())]
     return snap

@@ -23,6 +23,7 @@ from wattwatch.storage.group_ingest import IngestResult, Pending, ingest_many
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_span_post
 from wattwatch.storage.reads import (
     DEFAULT_LIST_LIMIT,
+    BadCursor,
     MetricsSnapshot,
     build_report,
     get_job,
@@ -31,6 +32,7 @@ from wattwatch.storage.reads import (
 )
 from wattwatch.storage.spans import record_spans
 from wattwatch.storage.tables import (
+    device_energy,
     hosts,
     idle_energy,
     job_device_energy,
@@ -41,6 +43,7 @@ from wattwatch.storage.tables import (
 __all__ = [
     "DEFAULT_LIST_LIMIT",
     "AgentIdTaken",
+    "BadCursor",
     "EndsBeforeStart",
     "IngestResult",
     "KeyReused",
@@ -405,6 +408,28 @@ def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
         stmt.on_conflict_do_update(
             index_elements=[idle_energy.c.device_id, idle_energy.c.hour_s],
             set_={"energy_j": idle_energy.c.energy_j + stmt.excluded.energy_j},
+        ),
+        params,
+    )
+
+
+def add_device_energy(conn: Connection, rows: dict[int, tuple[float, float]]) -> None:
+    """Add (job joules, idle joules) per device onto ``device_energy``: each device's running totals, so
+    /metrics reads one row per device instead of summing every job and idle hour ever stored."""
+    if not rows:
+        return
+    stmt, params = upsert_rows(
+        conn,
+        device_energy,
+        [{"device_id": d, "job_energy_j": j, "idle_energy_j": i} for d, (j, i) in sorted(rows.items())],
+    )
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[device_energy.c.device_id],
+            set_={
+                "job_energy_j": device_energy.c.job_energy_j + stmt.excluded.job_energy_j,
+                "idle_energy_j": device_energy.c.idle_energy_j + stmt.excluded.idle_energy_j,
+            },
         ),
         params,
     )

@@ -133,6 +133,17 @@ idle_energy = Table(
     Column("device_id", Integer, ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True),
     Column("hour_s", Float, primary_key=True),
     Column("energy_j", Float, nullable=False),
+    Index(None, "hour_s"),  # a report's window selects hours across devices (migration 0008)
+)
+
+# Each device's energy ever: the sum of its job_device_energy and idle_energy rows, added to by ingest in
+# the same transaction, so /metrics reads one row per device rather than summing history (migration 0008).
+device_energy = Table(
+    "device_energy",
+    metadata,
+    Column("device_id", Integer, ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True),
+    Column("job_energy_j", Float, nullable=False),
+    Column("idle_energy_j", Float, nullable=False),
 )
 
 queries = Table(
@@ -309,6 +320,7 @@ DATA_TABLES = (
     "ingested_batches",
     "job_query_totals",
     "queries",
+    "device_energy",
     "idle_energy",
     "job_hosts",
     "job_device_energy",

@@ -1,0 +1,54 @@
+"""A reduced run of benchmarks/report_scale.py on SQLite: it prints its command and two tables of finite
+figures, and the history it fills holds what it says (jobs, devices, raw rows counted by SQL)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import report_scale
+
+from test_benchmark_tables import check_table, tables
+from wattwatch.storage import migrate
+from wattwatch.storage.engine import make_engine
+
+
+def test_report_scale_prints_its_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--intervals", "2000", "--jobs", "40", "--hosts", "2", "--days", "10", "--repeat", "1", "--sqlite-only"]
+    assert report_scale.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("`python benchmarks/report_scale.py " + " ".join(argv) + "`")
+    reads, sizes = tables(out)
+    header = (
+        "database",
+        "7-day report, first page (100)",
+        "one job",
+        "/metrics",
+        "all jobs, one page",
+        "fill",
+        "idle fold",
+    )
+    check_table(reads, header, 1)
+    check_table(sizes, ("database", "energy_intervals per 1M", *report_scale.SIZE_TABLES[1:]), 1)
+
+
+def test_fill_holds_what_it_says(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    try:
+        ids = report_scale.fill(engine, intervals=1234, jobs=17, hosts=3, days=2, now_s=time.time())
+        with engine.connect() as conn:
+            count = {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in ("jobs", "devices")}
+            raw = conn.execute(text("SELECT count(*) FROM energy_intervals")).scalar_one()
+            per_job = conn.execute(text("SELECT count(*) FROM job_device_energy")).scalar_one()
+    finally:
+        engine.dispose()
+    assert len(set(ids)) == 17 and count == {"jobs": 17, "devices": 3 * 9}
+    assert raw == 1234 and per_job == 17 * 9

@@ -90,6 +90,7 @@ def parse_labels(items: list[str]) -> dict[str, str | None]:
 
 def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **filters: Any) -> dict[str, Any]:
     """The report read straight from the database at ``url``; ``job_ref`` resolved as ``job_refs`` says."""
+    from wattwatch import carbon_policy
     from wattwatch.storage.engine import check_ready
     from wattwatch.storage.job_refs import AmbiguousJob
     from wattwatch.storage.reads import build_report, resolve_job
@@ -104,13 +105,7 @@ def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **
                 raise UsageError(str(exc)) from None
             if job_id is None:
                 return {"jobs": [], "idle": [], "filters": {"job": job_ref}, "jobs_recorded": True}
-        return build_report(
-            engine,
-            job_id=job_id,
-            grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
-            pue=settings.pue,
-            **filters,
-        )
+        return build_report(engine, job_id=job_id, carbon=carbon_policy.from_settings(settings), **filters)
     finally:
         engine.dispose()
 

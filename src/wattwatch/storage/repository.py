@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, cast, or_, select, update
 
-from wattwatch import wire
+from wattwatch import grid, wire
 from wattwatch.accounting.rollup import IntervalIn, JobHostTotals, rollup_intervals
 from wattwatch.limits import REASON_ORDER, BoundError
 from wattwatch.storage.dialect import append_rows, append_token, greatest, least, upsert
@@ -115,7 +116,8 @@ def ingest_batch(engine: Engine, batch: wire.Batch, *, received_at_s: float) -> 
         if not claim_batch(conn, batch.agent_id, batch.seq, body_sha256, received_at_s, len(batch.intervals)):
             return IngestResult(duplicate=True, n_intervals=0)
 
-        host_id = _upsert_host(conn, batch.host, batch.agent_id, received_at_s)
+        region = None if isinstance(batch.grid_region, msgspec.UnsetType) else grid.normalize(batch.grid_region)
+        host_id = _upsert_host(conn, batch.host, batch.agent_id, received_at_s, grid_region=region)
         device_ids = _upsert_devices(conn, host_id, batch.devices)
         rows = _job_rows(batch, received_at_s)
         _upsert_jobs(conn, rows)
@@ -249,11 +251,19 @@ def job_host_names(engine: Engine, job_id: str) -> set[str] | None:
 # --- pieces of a write transaction -------------------------------------------------------------------
 
 
-def _upsert_host(conn: Connection, name: str, agent_id: str | None, seen_s: float) -> int:
-    stmt = upsert(conn, hosts).values(name=name, agent_id=agent_id, first_seen_s=seen_s, last_seen_s=seen_s)
+def _upsert_host(
+    conn: Connection, name: str, agent_id: str | None, seen_s: float, *, grid_region: str | None = None
+) -> int:
+    values: dict[str, Any] = {"name": name, "agent_id": agent_id, "first_seen_s": seen_s, "last_seen_s": seen_s}
+    if grid_region is not None:
+        values["grid_region"] = grid_region
+    stmt = upsert(conn, hosts).values(**values)
     set_: dict[str, Any] = {"last_seen_s": greatest(conn, hosts.c.last_seen_s, stmt.excluded.last_seen_s)}
     if agent_id is not None:
         set_["agent_id"] = stmt.excluded.agent_id
+    if grid_region is not None:
+        # The region the host's agent sent last; a batch without one leaves it (an older agent, a restart).
+        set_["grid_region"] = stmt.excluded.grid_region
     conn.execute(stmt.on_conflict_do_update(index_elements=[hosts.c.name], set_=set_))
     host_id = conn.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar_one()
     return int(host_id)

@@ -129,6 +129,15 @@ def format_energy(energy_j: float | None) -> str:
     return f"{energy_j:.3g} J"
 
 
+def format_grams(grams: float) -> str:
+    """CO2e in a readable unit: ``140 g``, ``1.06 kg``, ``3.2 t``."""
+    if grams >= 1e6:
+        return f"{grams / 1e6:.3g} t"
+    if grams >= 1e3:
+        return f"{grams / 1e3:.3g} kg"
+    return f"{grams:.3g} g"
+
+
 def format_duration(duration_s: float | None) -> str:
     """Seconds as ``42.0s``, ``12m03s``, ``5h07m``."""
     if duration_s is None:
@@ -241,8 +250,9 @@ def carbon_lines(report: Mapping[str, Any]) -> list[str]:
         def money(value: float | None) -> str:
             return f", {value:.3g} {currency}" if value is not None else ""
 
-        parts = [f"{k['kind']} {k['emissions_g']:.3g} g{money(k.get('cost'))}" for k in kinds]
-        lines.append(f"  by kind: {'; '.join(parts)}; total {carbon['emissions_g']:.3g} g{money(carbon.get('cost'))}")
+        parts = [f"{k['kind']} {format_grams(k['emissions_g'])}{money(k.get('cost'))}" for k in kinds]
+        total = f"total {format_grams(carbon['emissions_g'])}{money(carbon.get('cost'))}"
+        lines.append(f"  by kind: {'; '.join(parts)}; {total}")
     return lines
 
 

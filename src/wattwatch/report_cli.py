@@ -95,6 +95,7 @@ def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **
     from wattwatch.storage.job_refs import AmbiguousJob
     from wattwatch.storage.reads import build_report, resolve_job
 
+    policy = carbon_policy.from_settings(settings)  # a bad region or PUE is named before the database is opened
     engine = check_ready(url)
     try:
         job_id = None
@@ -105,7 +106,7 @@ def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **
                 raise UsageError(str(exc)) from None
             if job_id is None:
                 return {"jobs": [], "idle": [], "filters": {"job": job_ref}, "jobs_recorded": True}
-        return build_report(engine, job_id=job_id, carbon=carbon_policy.from_settings(settings), **filters)
+        return build_report(engine, job_id=job_id, carbon=policy, **filters)
     finally:
         engine.dispose()
 

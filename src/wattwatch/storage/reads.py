@@ -225,7 +225,9 @@ class _Intensities:
 
     def __init__(self, conn: Connection, carbon: CarbonPolicy) -> None:
         self.carbon = carbon
-        self.sent: dict[str, str | None] = {r.name: r.grid_region for r in conn.execute(select(hosts.c.name, hosts.c.grid_region))}
+        self.sent: dict[str, str | None] = {
+            r.name: r.grid_region for r in conn.execute(select(hosts.c.name, hosts.c.grid_region))
+        }
         self._cache: dict[str, GridIntensity] = {}
 
     def __call__(self, host: str) -> GridIntensity:
@@ -497,6 +499,8 @@ class MetricsSnapshot:
     host: list[tuple[str, str, str, float]] = field(default_factory=list)
     # (host, last batch stored, epoch seconds)
     host_seen: list[tuple[str, float]] = field(default_factory=list)
+    # host -> the grid region its agent sent (None: none), for its emissions (carbon_policy)
+    host_region: dict[str, str | None] = field(default_factory=dict)
 
 
 def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals: bool = True) -> MetricsSnapshot:
@@ -557,9 +561,9 @@ def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals
             .select_from(device_host)
             .group_by(hosts.c.name, devices.c.key, devices.c.kind)
         ).all()
-        snap.host_seen = [
-            (name, float(seen_s)) for name, seen_s in conn.execute(select(hosts.c.name, hosts.c.last_seen_s))
-        ]
+        for name, seen_s, region in conn.execute(select(hosts.c.name, hosts.c.last_seen_s, hosts.c.grid_region)):
+            snap.host_seen.append((name, float(seen_s)))
+            snap.host_region[name] = region
     host_totals: dict[tuple[str, str, str], float] = {}
     for host, key, device_kind, energy_j in idle_rows:
         snap.idle.append((host, key, device_kind, float(energy_j)))

@@ -25,7 +25,7 @@ def test_idle_intervals_in_a_waiting_jobs_window_become_its_own_once_a_tick_find
         iv("cpu0", 10.0, 11.0)
     ]
     # A tick sees pid 43 (a child of 42) on gpu1: gpu1's held interval is the job's, gpu0's goes out idle.
-    assert fill.seen({43: ((43, 42, 1), frozenset({"gpu1"}))}) == ["job"]
+    assert fill.seen({43: ((43, 42, 1), frozenset({"gpu1"}))}, {}) == ["job"]
     out = fill.release(11.0)
     assert {(i.device, tuple(i.shares)) for i in out} == {("gpu0", ()), ("gpu1", ("job",))}
     # What reaches it later within the window (the sampler holds a tick's interval a reading) is its too;
@@ -56,3 +56,18 @@ def test_a_job_without_pids_or_found_at_once_holds_nothing_and_intervals_outside
     assert len(fill.take([iv("gpu0", 4.0, 5.0), iv("gpu0", 5.0, 6.0, held=1.0)], GPUS)) == 2
     assert len(fill.take([iv("gpu0", 6.0, 7.0)], GPUS)) == 0
     assert [tuple(i.shares) for i in fill.flush()] == [()]
+
+
+def test_a_process_belongs_to_the_nearest_job_root_in_its_lineage() -> None:
+    # `wattwatch run` (root 100, waiting) runs a script that opens an SDK job (root 200, waiting too); the
+    # GPU process 300 is the inner job's, as the tracker would decide: the outer one gets nothing.
+    fill = Backfill()
+    fill.expect("outer", 0.0, {100})
+    fill.expect("inner", 0.5, {200})
+    assert fill.take([iv("gpu0", 0.5, 1.0)], GPUS) == []
+    assert fill.seen({300: ((300, 200, 100, 1), frozenset({"gpu0"}))}, {}) == ["inner"]
+    assert [dict(i.shares) for i in fill.release(1.0)] == [{"inner": 1.0}]
+    # A running explicit job nearer than a waiting one keeps the process (it is that job's already).
+    fill.expect("far", 2.0, {1})
+    assert fill.take([iv("gpu1", 2.0, 3.0)], GPUS) == []
+    assert fill.seen({400: ((400, 50, 1), frozenset({"gpu1"}))}, {50: "near"}) == []

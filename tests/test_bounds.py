@@ -297,7 +297,7 @@ def test_the_window_options_say_what_to_fix(capsys: pytest.CaptureFixture[str], 
     from wattwatch.config import load_settings
     from wattwatch.errors import ConfigError
 
-    for flag, value, says in (("past", "nan", "not a finite duration"), ("future", "0", "must be positive")):
+    for flag, value, says in (("past", "nan", "is not a duration"), ("future", "0", "must be positive")):
         assert cli.main(["collector", f"--time-window-{flag}", value]) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and f"--time-window-{flag}" in err and says in err

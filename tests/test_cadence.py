@@ -171,6 +171,11 @@ def test_a_crash_loses_no_staged_tick(tmp_path: Path) -> None:
     write_proc(proc, 500, 100)
     first = make_agent(home, proc, clock)
     first.start()
+    # No pushes here: the push thread, woken by the job's start, would seal whatever is staged when it gets
+    # to run (late, on a loaded machine), and the staged ticks would not be what the crash leaves.
+    first._push_halt.set()
+    first._push_wake.set()
+    first._push_thread.join(timeout=10)
     start_job(first, "train", 500, "0")
     for _ in range(3):
         clock.t_s += 1.0

@@ -290,3 +290,13 @@ def test_metrics_charge_each_hosts_energy_at_its_own_intensity(client: TestClien
     grams = {s.labels["job_id"]: s.value for s in samples if s.name == "wattwatch_job_emissions_grams_total"}
     assert grams["train-fr"] / grams["train-us"] == pytest.approx(fra / usa, rel=1e-9)
     assert grams["train-fr"] == pytest.approx(2.0 * PUE * fra, rel=1e-9)
+
+
+def test_a_later_batch_without_a_region_keeps_the_hosts_region(client: TestClient) -> None:
+    assert ingest(client, host_batch("paris-1", "a", "training", "FR")).status_code == 200
+    later = json.loads(host_batch("paris-1", "b", "training", None))
+    later["seq"] = 2
+    r = client.post("/api/v1/ingest", content=json.dumps(later), headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    (paris,) = client.get("/api/v1/report").json()["carbon"]["hosts"]
+    assert (paris["region"], paris["g_per_kwh"]) == ("FRA", country_intensity("FRA"))

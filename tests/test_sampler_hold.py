@@ -12,18 +12,22 @@ GPU = DeviceInfo("gpu0", "gpu", 0, "GPU-0", "test board", 700.0)
 
 
 class ScriptedSensor:
-    """Readings given in advance: (t_s, energy_j, extrapolated_j) per read, tick or boundary alike."""
+    """Readings given in advance: (t_s, energy_j, extrapolated_j) per read, tick or boundary alike; None:
+    the read gives no reading for the GPU (a failed read)."""
 
     name = "scripted"
 
-    def __init__(self, script: Sequence[tuple[float, float, float]]) -> None:
+    def __init__(self, script: Sequence[tuple[float, float, float] | None]) -> None:
         self.script = list(script)
 
     def devices(self) -> Sequence[DeviceInfo]:
         return [GPU]
 
     def _next(self) -> list[EnergyReading]:
-        t_s, energy_j, extrapolated_j = self.script.pop(0)
+        step = self.script.pop(0)
+        if step is None:
+            return []
+        t_s, energy_j, extrapolated_j = step
         return [EnergyReading("gpu0", t_s, energy_j, "counter", extrapolated_j=extrapolated_j)]
 
     def read(self) -> list[EnergyReading]:
@@ -67,3 +71,29 @@ def test_a_tick_is_lowered_no_further_than_its_estimate_and_released_by_the_next
     assert sampler.sample(owner("a")) == []  # held again
     assert [iv.energy_j for iv in sampler.flush()] == [30.0]
     assert sampler.flush() == []
+
+
+def test_what_was_sent_is_never_lowered_and_a_gpu_without_a_reading_releases_what_it_held() -> None:
+    # 110 J at 2.0 is partly an estimate (10 J) and held; the next read gives nothing for the GPU: the held
+    # interval goes out as it is (what is held is not in the restart checkpoint), and is final. The next
+    # reading, lower, cannot take it back: the sum stays the counter's, never more.
+    sensor = ScriptedSensor([(1.0, 0.0, 0.0), (2.0, 110.0, 10.0), None, (3.0, 103.0, 0.0), (4.0, 150.0, 0.0)])
+    sampler = Sampler([sensor])
+    sampler.sample(owner("a"))
+    assert sampler.sample(owner("a")) == []
+    released = sampler.sample(owner("a"))
+    assert [iv.energy_j for iv in released] == [110.0]
+    assert sampler.settled_t_s == 2.0
+    rest = sampler.sample(owner("a")) + sampler.sample(owner("a"), final=True)
+    assert [iv.energy_j for iv in rest] == [0.0, 40.0]
+    assert sum(iv.energy_j for iv in released + rest) == 150.0  # the last reading: nothing counted twice
+
+
+def test_a_first_reading_is_never_lowered() -> None:
+    # After a restart the gap up to the first reading is already sent: its estimate stands.
+    sensor = ScriptedSensor([(1.0, 100.0, 20.0), (2.0, 90.0, 0.0), (3.0, 130.0, 0.0)])
+    sampler = Sampler([sensor])
+    sampler.sample(owner("a"))
+    closed = sampler.sample(owner("a")) + sampler.sample(owner("a"), final=True)
+    assert [iv.energy_j for iv in closed] == [0.0, 30.0]
+    assert sampler.marks()["gpu0"].energy_j == 130.0

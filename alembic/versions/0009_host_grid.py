@@ -1,7 +1,7 @@
 """Hosts' grid region: where each host draws its power from, for its emissions.
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 
 ``hosts.grid_region`` holds the region the host's agent last sent (``--grid-region``: an ISO 3166 alpha-3
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

@@ -105,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--tls-key", metavar="PEM", help="the certificate's private key file")
     _add_allow_open(col)
     col.add_argument("--migrate", action="store_true", help="apply database migrations before serving")
+    col.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes on the one address (PostgreSQL only; default 1)",
+    )
+    # Set by the supervisor of --workers N on each worker process it starts.
+    col.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     _add_metric_labels(col)
     _add_time_window(col)
 
@@ -425,6 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
+    # As typed: the collector's supervisor starts its workers with the same arguments.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command is None:
         parser.print_help()
         return 2
@@ -544,6 +555,17 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return resolve_token(settings) if needs_token else settings
 
 
+def _check_workers(workers: int, settings: Settings) -> None:
+    """``--workers`` is 1 to 64, and more than 1 only on PostgreSQL."""
+    if not 1 <= workers <= 64:
+        raise UsageError(f"--workers {workers} is out of range; use 1 to 64 (about one per core)")
+    if workers > 1 and not settings.resolved_db_url.startswith(("postgresql", "postgres")):
+        raise UsageError(
+            f"--workers {workers} needs PostgreSQL: SQLite takes one writer at a time, so one collector process "
+            "serves it; drop --workers or use --db postgresql://..."
+        )
+
+
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     cmd = args.command
     if cmd == "up":
@@ -558,7 +580,15 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if cmd == "collector":
         from wattwatch.standalone import run_collector
 
-        run_collector(settings, migrate=args.migrate, allow_open=args.allow_open)
+        _check_workers(args.workers, settings)
+        run_collector(
+            settings,
+            migrate=args.migrate,
+            allow_open=args.allow_open,
+            workers=args.workers,
+            worker_index=args.worker_index,
+            argv=args.argv,
+        )
         return 0
     if cmd == "agent":
         from wattwatch.standalone import run_agent

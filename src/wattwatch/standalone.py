@@ -7,6 +7,7 @@ agent closes its last intervals and pushes them while the collector still listen
 
 from __future__ import annotations
 
+import gc
 import logging
 import secrets
 import signal
@@ -25,6 +26,26 @@ if TYPE_CHECKING:
     from wattwatch.sim.flaws import Flaws
 
 log = logging.getLogger("wattwatch")
+
+# Seconds an idle HTTP connection stays open (above the agents' push interval; see Collector).
+KEEP_ALIVE_S = 75
+
+
+def reuse_port_socket(host: str, port: int) -> Any:
+    """A listening TCP socket on ``host:port`` that other processes may bind too (SO_REUSEPORT)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another with --listen") from None
+    sock.listen(2048)
+    return sock
 
 
 class SimulatedWorkload:
@@ -144,7 +165,16 @@ class Collector:
     ``settings.tls_cert`` and ``tls_key`` it serves HTTPS.
     """
 
-    def __init__(self, settings: Settings, *, migrate: bool, allow_open: bool = False, local_token: str = "") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        migrate: bool,
+        allow_open: bool = False,
+        local_token: str = "",
+        reuse_port: bool = False,
+        periodic: bool = True,
+    ) -> None:
         import uvicorn
 
         from wattwatch.collector.app import create_app
@@ -167,14 +197,31 @@ class Collector:
         if required and not settings.token and not any_active(self.engine):
             self.engine.dispose()
             raise ConfigError(open_collector_error(settings.listen))
-        app = create_app(settings, engine=self.engine, local_token=local_token, auth_required=required)
+        app = create_app(
+            settings, engine=self.engine, local_token=local_token, auth_required=required, periodic=periodic
+        )
         tls: dict[str, Any] = {}
         if settings.tls_cert:
             tls = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, **tls)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            # Agents push every few seconds over one kept-alive connection: uvicorn's default of 5 s would
+            # close it just as the next push (every 5 s by default) is sent.
+            timeout_keep_alive=KEEP_ALIVE_S,
+            **tls,
+        )
         self.server = uvicorn.Server(config)
+        # Worker processes of `collector --workers N` each listen on the same address (SO_REUSEPORT); the
+        # kernel spreads the connections between them.
+        sockets = [reuse_port_socket(host, port)] if reuse_port else None
         # The main thread owns SIGINT/SIGTERM; uvicorn leaves signals alone outside the main thread.
-        self._thread = threading.Thread(target=self.server.run, name="wattwatch-collector", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.run, args=(sockets,), name="wattwatch-collector", daemon=True
+        )
         scheme = "https" if settings.tls_cert else "http"
         self.url = f"{scheme}://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{port}"
 
@@ -188,6 +235,10 @@ class Collector:
                     f"the collector could not listen on {self.url}; is the port taken? choose another with --listen"
                 )
             time.sleep(0.02)
+        # Everything built so far (the app, SQLAlchemy's tables and caches) lives as long as the process:
+        # keep the collector's cyclic GC from scanning it again and again under load.
+        gc.collect()
+        gc.freeze()
 
     def stop(self) -> None:
         """Stop serving and wait for the thread."""
@@ -259,18 +310,96 @@ def run_up(
 
 
 def run_collector(
-    settings: Settings, *, migrate: bool, announce: Callable[[str], None] = print, allow_open: bool = False
+    settings: Settings,
+    *,
+    migrate: bool,
+    announce: Callable[[str], None] = print,
+    allow_open: bool = False,
+    workers: int = 1,
+    worker_index: int | None = None,
+    argv: Sequence[str] = (),
 ) -> None:
-    """The central service until SIGINT/SIGTERM (``allow_open``: serve beyond loopback without any token)."""
+    """The central service until SIGINT/SIGTERM (``allow_open``: serve beyond loopback without any token).
+
+    ``workers`` > 1 (PostgreSQL only) makes this process a supervisor of that many worker processes, each
+    ``wattwatch ARGV --worker-index I``, all listening on one address (SO_REUSEPORT). The collector keeps no
+    state between requests, so any worker can take any request; worker 0 alone runs the periodic passes.
+    If a worker dies the supervisor stops the others and fails, for the service manager to restart it all.
+    """
     stop = StopFlag()
     stop.install()
-    collector = Collector(settings, migrate=migrate, allow_open=allow_open)
+    if workers > 1 and worker_index is None:
+        _supervise(settings, migrate=migrate, allow_open=allow_open, workers=workers, argv=argv, stop=stop)
+        return
+    worker = worker_index is not None
+    collector = Collector(
+        settings,
+        migrate=migrate and not worker,
+        allow_open=allow_open,
+        reuse_port=worker,
+        periodic=worker_index in (None, 0),
+    )
     collector.start()
-    announce(f"wattwatch collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
+    what = f"worker {worker_index} of " if worker else ""
+    announce(f"wattwatch collector: {what}{collector.url} (database {_mask(settings.resolved_db_url)})")
     try:
         stop.event.wait()
     finally:
         collector.stop()
+
+
+def _supervise(
+    settings: Settings, *, migrate: bool, allow_open: bool, workers: int, argv: Sequence[str], stop: StopFlag
+) -> None:
+    """Check the configuration once, then run ``workers`` worker processes until stopped or one dies."""
+    import subprocess
+    import sys
+
+    from wattwatch.collector.auth import is_loopback, open_collector_error
+    from wattwatch.errors import WattwatchError
+    from wattwatch.storage import engine as storage_engine
+    from wattwatch.storage import migrate as storage_migrate
+    from wattwatch.storage.tokens import any_active
+    from wattwatch.tls import check_server_files
+
+    url = settings.resolved_db_url
+    if migrate:
+        storage_migrate.upgrade(url)
+    host, port = settings.listen_host_port()
+    check_server_files(settings.tls_cert, settings.tls_key)
+    engine = storage_engine.check_ready(url)
+    try:
+        if not is_loopback(host) and not allow_open and not settings.token and not any_active(engine):
+            raise ConfigError(open_collector_error(settings.listen))
+    finally:
+        engine.dispose()
+    children = [
+        subprocess.Popen([sys.executable, "-m", "wattwatch.cli", *argv, "--worker-index", str(i)])
+        for i in range(workers)
+    ]
+    log.info("collector: %d worker processes on %s:%d", workers, host, port)
+    failed = None
+    try:
+        while not stop.event.wait(0.5):
+            dead = [(i, c.returncode) for i, c in enumerate(children) if c.poll() is not None]
+            if dead:
+                failed = dead[0]
+                break
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for c in children:
+            try:
+                c.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.kill()
+                c.wait()
+    if failed is not None:
+        raise WattwatchError(
+            f"collector worker {failed[0]} exited with status {failed[1]}; stopped the others (see its error above)"
+        )
 
 
 def run_agent(

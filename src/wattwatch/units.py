@@ -93,11 +93,21 @@ def parse_time_s(text: str, now_s: float) -> float:
             when = datetime.fromisoformat(raw)
             if when.tzinfo is None:
                 when = when.replace(tzinfo=UTC)
-            return when.timestamp()
+            t_s = when.timestamp()
         except (ValueError, OverflowError):  # 2026-02-30, or year 1 less an offset
             raise ValueError(f"{text!r} is not a real date; use {TIME_EXAMPLES}") from None
-    if raw.startswith("-") and _DURATION_RE.match(raw[1:]):
-        raise ValueError(f"{text!r}: negative durations are invalid; give how far back as a positive one")
-    if not _DURATION_RE.match(raw):
-        raise ValueError(f"{text!r} is not {TIME_EXAMPLES}")
-    return now_s - parse_duration_s(raw)
+    else:
+        if raw.startswith("-") and _DURATION_RE.match(raw[1:]):
+            raise ValueError(f"{text!r}: negative durations are invalid; give how far back as a positive one")
+        if not _DURATION_RE.match(raw):
+            raise ValueError(f"{text!r} is not {TIME_EXAMPLES}")
+        t_s = now_s - parse_duration_s(raw)
+    # Reports print these instants as dates (and round the idle window out to whole hours): keep them a day
+    # inside what a date can show, or the answer would fail where the question was accepted.
+    if not _EARLIEST_S <= t_s <= _LATEST_S:
+        raise ValueError(f"{text!r} is out of range: give an instant between 0001-01-02 and 9999-12-30")
+    return t_s
+
+
+_EARLIEST_S = datetime(1, 1, 2, tzinfo=UTC).timestamp()
+_LATEST_S = datetime(9999, 12, 30, tzinfo=UTC).timestamp()

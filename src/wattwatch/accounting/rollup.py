@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from wattwatch.accounting.attribution import split_interval
 
@@ -75,66 +76,99 @@ MIN_POWER_WINDOW_S = 0.5
 RECENT_POWER_S = 1.0
 
 
-@dataclass
-class _Window:
-    energy_j: float = 0.0
-    start_s: float = math.inf
-    end_s: float = -math.inf
-
-    def add(self, energy_j: float, start_s: float, end_s: float) -> None:
-        self.energy_j += energy_j
-        self.start_s = min(self.start_s, start_s)
-        self.end_s = max(self.end_s, end_s)
-
-    def power_w(self) -> float | None:
-        span_s = self.end_s - self.start_s
-        return self.energy_j / span_s if span_s >= MIN_POWER_WINDOW_S else None
-
-
 def hour_floor_s(t_s: float) -> float:
     """Start of the UTC hour containing ``t_s`` (epoch seconds)."""
     return math.floor(t_s / HOUR_S) * HOUR_S
 
 
-def rollup_intervals(intervals: Iterable[IntervalIn]) -> BatchRollup:
+class IntervalLike(Protocol):
+    """What ``rollup_intervals`` reads of an interval: an IntervalIn, or a ``wire.Interval`` as decoded."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def t_start_s(self) -> float: ...
+    @property
+    def t_end_s(self) -> float: ...
+    @property
+    def energy_j(self) -> float: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def shares(self) -> Mapping[str, float]: ...
+    @property
+    def idle_weight(self) -> float: ...
+
+
+def rollup_intervals(intervals: Iterable[IntervalLike]) -> BatchRollup:
     """Attribute every interval with ``split_interval`` and sum the parts into rollup totals.
 
     A job's peak power on the host is the largest, over ``PEAK_WINDOW_S`` windows, of its energy summed
     over the host's devices divided by the window's span; a device's ``max_power_w`` likewise per device.
     Windows spanning less than ``MIN_POWER_WINDOW_S`` add energy but no peak.
     """
+    # The collector runs this for every interval it stores: the loop keeps its state in plain dicts and
+    # lists (windows as [energy_j, start_s, end_s]) rather than objects, which halves its cost.
     out = BatchRollup()
-    device_windows: dict[tuple[str, str, int], _Window] = {}
-    host_windows: dict[tuple[str, int], _Window] = {}
+    job_device, job_host, idle, ticks = out.job_device, out.job_host, out.idle_j, out.job_ticks_j
+    device_windows: dict[tuple[str, str, int], list[float]] = {}
+    host_windows: dict[tuple[str, int], list[float]] = {}
+    floor = math.floor
     for iv in intervals:
         jobs_j, idle_j = split_interval(iv.energy_j, iv.shares, iv.idle_weight)
-        for job_id, part_j in jobs_j.items():
-            jd = out.job_device.setdefault((job_id, iv.device), JobDeviceTotals())
-            jd.energy_j += part_j
-            jd.sources.add(iv.source)
-            bucket = math.floor(iv.t_start_s / PEAK_WINDOW_S)
-            device_windows.setdefault((job_id, iv.device, bucket), _Window()).add(part_j, iv.t_start_s, iv.t_end_s)
-            host_windows.setdefault((job_id, bucket), _Window()).add(part_j, iv.t_start_s, iv.t_end_s)
-            tick = (job_id, iv.t_start_s, iv.t_end_s)
-            out.job_ticks_j[tick] = out.job_ticks_j.get(tick, 0.0) + part_j
-            jh = out.job_host.setdefault(job_id, JobHostTotals())
-            jh.first_s = min(jh.first_s, iv.t_start_s)
-            jh.last_s = max(jh.last_s, iv.t_end_s)
+        t0, t1, device = iv.t_start_s, iv.t_end_s, iv.device
+        if jobs_j:
+            source = iv.source
+            bucket = floor(t0 / PEAK_WINDOW_S)
+            for job_id, part_j in jobs_j.items():
+                jd = job_device.get((job_id, device))
+                if jd is None:
+                    jd = job_device[(job_id, device)] = JobDeviceTotals()
+                jd.energy_j += part_j
+                jd.sources.add(source)
+                _add_window(device_windows, (job_id, device, bucket), part_j, t0, t1)
+                _add_window(host_windows, (job_id, bucket), part_j, t0, t1)
+                tick = (job_id, t0, t1)
+                ticks[tick] = ticks.get(tick, 0.0) + part_j
+                jh = job_host.get(job_id)
+                if jh is None:
+                    jh = job_host[job_id] = JobHostTotals()
+                if t0 < jh.first_s:
+                    jh.first_s = t0
+                if t1 > jh.last_s:
+                    jh.last_s = t1
         if idle_j > 0.0 or not jobs_j:
-            key = (iv.device, hour_floor_s(iv.t_start_s))
-            out.idle_j[key] = out.idle_j.get(key, 0.0) + idle_j
+            key = (device, hour_floor_s(t0))
+            idle[key] = idle.get(key, 0.0) + idle_j
     for (job_id, device, _), window in device_windows.items():
-        power_w = window.power_w()
+        power_w = _window_power_w(window)
         if power_w is not None:
-            jd = out.job_device[(job_id, device)]
+            jd = job_device[(job_id, device)]
             jd.max_power_w = max(jd.max_power_w, power_w)
     for (job_id, _), window in host_windows.items():
-        power_w = window.power_w()
+        power_w = _window_power_w(window)
         if power_w is not None:
-            jh = out.job_host[job_id]
+            jh = job_host[job_id]
             jh.peak_power_w = max(jh.peak_power_w, power_w)
     _add_recent_power(out)
     return out
+
+
+def _add_window(windows: dict[Any, list[float]], key: Any, energy_j: float, start_s: float, end_s: float) -> None:
+    w = windows.get(key)
+    if w is None:
+        windows[key] = [energy_j, start_s, end_s]
+        return
+    w[0] += energy_j
+    if start_s < w[1]:
+        w[1] = start_s
+    if end_s > w[2]:
+        w[2] = end_s
+
+
+def _window_power_w(window: list[float]) -> float | None:
+    span_s = window[2] - window[1]
+    return window[0] / span_s if span_s >= MIN_POWER_WINDOW_S else None
 
 
 def recent_power(ticks: Iterable[tuple[float, float, float]]) -> tuple[float, float] | None:

@@ -82,19 +82,29 @@ class Backfill:
                 out.append(iv)
         return out
 
-    def seen(self, lineages: Mapping[int, tuple[tuple[int, ...], frozenset[str]]]) -> list[str]:
-        """A tick saw these processes (pid -> (its lineage, the GPUs NVML lists it on)): each waiting job
-        whose process is among them is given its GPUs' held idle intervals within its window, and those
-        still to come. Returns the ids of the jobs found."""
+    def seen(
+        self, lineages: Mapping[int, tuple[tuple[int, ...], frozenset[str]]], explicit: Mapping[int, str]
+    ) -> list[str]:
+        """A tick saw these processes (pid -> (its lineage, the GPUs NVML lists it on)); ``explicit`` maps the
+        root pids of the running explicit jobs to their ids. A process belongs to the nearest root in its
+        lineage, as the tracker decides (a job opened inside another job's process tree owns what runs
+        under it): each waiting job found so is given its GPUs' held idle intervals within its window,
+        and those still to come. Returns the ids of the jobs found."""
+        roots = dict(explicit)
+        for waiting in self._waiting.values():
+            roots.update(dict.fromkeys(waiting.pids, waiting.job_id))  # an ended job's roots too
+        keys_of: dict[str, set[str]] = {}
+        for lineage, keys in lineages.values():
+            nearest = next((roots[p] for p in lineage if p in roots), None)
+            if nearest is not None:
+                keys_of.setdefault(nearest, set()).update(keys)
         found: list[str] = []
         for waiting in self._waiting.values():
-            if waiting.keys is not None:
+            found_on = keys_of.get(waiting.job_id)
+            if waiting.keys is not None or not found_on:
                 continue
-            keys = {key for lineage, ks in lineages.values() if waiting.pids.intersection(lineage) for key in ks}
-            if not keys:
-                continue
-            waiting.keys = frozenset(keys)
-            for key in keys:
+            waiting.keys = frozenset(found_on)
+            for key in found_on:
                 queue = self._queues.get(key)
                 if queue:
                     self._queues[key] = deque(_give(iv, waiting) for iv in queue)

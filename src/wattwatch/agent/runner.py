@@ -266,7 +266,6 @@ class Agent:
             self._settler = ShareSettler(
                 self.tracker.weigh, lambda ivs: self.outbox.add(intervals=ivs, marks=self.sampler.marks_at(ivs))
             )
-        self._to_weigh: dict[str, tuple[str, ...]] = {}  # GPUs closed this sample with several holders
         self._backfill = Backfill()
         self._gpu_keys = frozenset(k for k, d in self.sampler.devices.items() if d.kind == "gpu")
         self._worker = threading.Thread(target=self._work, name="wattwatch-sampler", daemon=True)
@@ -565,11 +564,10 @@ class Agent:
         boundary = event.kind in ("start", "end")
         # The intervals closed here belong to the jobs that held the devices until now: sample first,
         # then apply what this event changes.
-        self._to_weigh = {}
-        intervals = self._hold_shared(
-            self.sampler.sample(self._shares, at_s=event.t_s if boundary else None, final=event.kind == "stop")
-        )
-        intervals = self._backfill.take(intervals, self._gpu_keys)
+        sampled = self.sampler.sample(self._shares, at_s=event.t_s if boundary else None, final=event.kind == "stop")
+        # The backfill first: what it holds on a GPU waits there in order, shared intervals behind it included
+        # (else the settler would hand a later one over first, and move the GPU's checkpoint past it).
+        intervals = self._hold_shared(self._backfill.take(sampled, self._gpu_keys))
         jobs: list[wire.Job] = []
         if boundary and self.tracker is not None:
             jobs.extend(self.tracker.prune(event.t_s))
@@ -595,15 +593,16 @@ class Agent:
             # Discovered jobs start and end at the tick that sees their processes come and go.
             if self.tracker is not None:
                 jobs.extend(self.tracker.tick(self.sampler.last_t_s or event.t_s))
-                for job_id in self._backfill.seen(self.tracker.gpu_lineages()):
+                explicit = {pid: j.id for j in self.registry.snapshot() if j.explicit for pid in j.pids}
+                for job_id in self._backfill.seen(self.tracker.gpu_lineages(), explicit):
                     log.info("job %s found on a GPU late; the energy since it opened is given to it", job_id)
             jobs.extend(self._end_gone(self.sampler.last_t_s or event.t_s))
         elif event.kind == "stop" and self.tracker is not None:
             jobs.extend(self.tracker.end_all(self.sampler.last_t_s or event.t_s))
         if event.kind == "stop":
-            intervals += self._backfill.flush()
+            intervals += self._hold_shared(self._backfill.flush())
         else:
-            intervals += self._backfill.release(self.sampler.last_t_s or event.t_s)
+            intervals += self._hold_shared(self._backfill.release(self.sampler.last_t_s or event.t_s))
         self._hand_over(intervals, jobs)
         if boundary:
             self.seal()  # a job's start and end reach the spool, and the checkpoint, at once
@@ -614,15 +613,21 @@ class Agent:
             self._settler.close()
 
     def _hold_shared(self, intervals: list[wire.Interval]) -> list[wire.Interval]:
-        """Count every interval, give those of GPUs several jobs held to the settler, return the rest."""
+        """Count every interval, give those of GPUs several jobs held to the settler, return the rest.
+
+        Which are shared is read off each interval's own holders (its shares), not off the sample that
+        handed it over: the sampler may return an interval a sample late (``Sampler.sample``), after the
+        holders changed."""
         self.device_totals.add(intervals)  # all of them, before some wait for the settler
-        if self._to_weigh and self._settler is not None and self.tracker is not None:
-            owners = self.tracker.owners()
-            for iv in intervals:
-                if iv.device in self._to_weigh:
-                    self._settler.hold(iv, self._to_weigh[iv.device], owners)
-            intervals = [iv for iv in intervals if iv.device not in self._to_weigh]
-        return intervals
+        if self._settler is None or self.tracker is None:
+            return intervals
+        shared = [iv for iv in intervals if iv.device in self._gpu_keys and len(iv.shares) > 1]
+        if not shared:
+            return intervals
+        owners = self.tracker.owners()
+        for iv in shared:
+            self._settler.hold(iv, tuple(iv.shares), owners)
+        return [iv for iv in intervals if not (iv.device in self._gpu_keys and len(iv.shares) > 1)]
 
     def _hand_over(self, intervals: list[wire.Interval], jobs: list[wire.Job]) -> None:
         """Queue the records for the next batch with the checkpoint they make true."""
@@ -686,9 +691,6 @@ class Agent:
         intervals = gap_intervals(
             checkpoint, now, gpu_holders, same_boot=same_boot, max_gap_s=self.settings.restart_bridge_max_s
         )
-        self._to_weigh = {
-            iv.device: tuple(iv.shares) for iv in intervals if len(iv.shares) > 1 and self._settler is not None
-        }
         intervals = self._hold_shared(intervals)
         self.outbox.add(
             intervals=intervals,
@@ -726,10 +728,9 @@ class Agent:
 
     def _shares(self, device: DeviceInfo, t_start_s: float, t_end_s: float) -> tuple[dict[str, float], float]:
         if device.kind == "gpu":
+            # Several holders: weighed a moment later, when NVML's utilisation samples cover the whole
+            # interval (``_hold_shared``).
             holders = self.registry.holders().get(device.key, [])
-            if len(holders) > 1 and self._settler is not None:
-                # Weighed a moment later, when NVML's utilisation samples cover the whole interval.
-                self._to_weigh[device.key] = tuple(holders)
             return dict.fromkeys(holders, 1.0), 0.0
         if device.kind == "cpu":
             return self._cpu.shares(self.registry.snapshot(), t_end_s - t_start_s, at_s=t_end_s)

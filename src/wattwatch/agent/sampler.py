@@ -149,6 +149,7 @@ class Sampler:
         # tick (peak power over all its GPUs).
         stamp_s = max((r.t_s for r in readings), default=0.0)
         intervals: list[wire.Interval] = []
+        read: set[str] = set()
         for reading in readings:
             last = self._last.get(reading.device)
             t_s = max(stamp_s, last.t_s if last else stamp_s)
@@ -161,13 +162,15 @@ class Sampler:
                 energy_j += power_w * (t_s - reading.t_s)
             self.last_t_s = max(self.last_t_s, t_s)
             extrapolated_j = min(reading.extrapolated_j, max(0.0, energy_j))
+            read.add(reading.device)
             if last is None:
                 # A device's first reading starts its intervals at its own time: there is no power to carry
-                # it to the stamp with yet.
-                self._last[reading.device] = _Last(reading.t_s, energy_j, extrapolated_j)
+                # it to the stamp with yet. Not lowered later: a restart has already sent its gap up to it.
+                self._last[reading.device] = _Last(reading.t_s, energy_j)
                 self._remember(reading, reading.t_s, energy_j)
                 continue
-            if energy_j < last.energy_j and last.extrapolated_j > 0.0:
+            if energy_j < last.energy_j and last.held is not None:
+                # Only a reading whose interval is still held can be lowered: one sent is final.
                 self._lower(reading.device, last, max(energy_j, last.energy_j - last.extrapolated_j))
             if last.held is not None:
                 intervals.append(last.held)
@@ -195,9 +198,13 @@ class Sampler:
             hold = extrapolated_j > 0.0 and at_s is None and not final
             if not hold:
                 intervals.append(interval)
-            self._last[reading.device] = _Last(t_s, energy_j, extrapolated_j, interval if hold else None)
-        if at_s is not None or final:
-            intervals.extend(self.flush())
+            if hold:
+                self._last[reading.device] = _Last(t_s, energy_j, extrapolated_j, interval)
+            else:
+                self._last[reading.device] = _Last(t_s, energy_j)
+        # A device that gave no reading this time (a failed read, a lost GPU) releases what it held: it may
+        # give none for long, and what is held is not in the restart checkpoint.
+        intervals.extend(self.flush(keep=frozenset() if at_s is not None or final else frozenset(read)))
         return intervals
 
     @property
@@ -206,13 +213,15 @@ class Sampler:
         held = [last.held.t_start_s for last in self._last.values() if last.held is not None]
         return min(held, default=self.last_t_s)
 
-    def flush(self) -> list[wire.Interval]:
-        """The intervals still held (see ``sample``), as they are; none is held afterwards."""
+    def flush(self, keep: frozenset[str] = frozenset()) -> list[wire.Interval]:
+        """The intervals still held (see ``sample``), as they are, but those of the devices in ``keep``;
+        they are final from then on (a later reading cannot lower them)."""
         out: list[wire.Interval] = []
-        for last in self._last.values():
-            if last.held is not None:
+        for key, last in self._last.items():
+            if last.held is not None and key not in keep:
                 out.append(last.held)
                 last.held = None
+                last.extrapolated_j = 0.0
         return out
 
     def _lower(self, key: str, last: _Last, to_j: float) -> None:

@@ -26,6 +26,7 @@ from wattwatch.collector import contract
 from wattwatch.collector.auth import DEFAULT_REFRESH_S, Authenticator
 from wattwatch.collector.bodies import OPENAPI_BODIES
 from wattwatch.collector.errors import ApiError, InternalErrorMiddleware
+from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.routes import Context, build_router
@@ -52,6 +53,7 @@ def create_app(
     local_token: str = "",
     auth_required: bool = False,
     token_refresh_s: float = DEFAULT_REFRESH_S,
+    periodic: bool = True,
 ) -> FastAPI:
     """The collector app for ``settings``; stores into ``engine`` (default: one for ``settings.resolved_db_url``).
 
@@ -66,6 +68,9 @@ def create_app(
     Identity (``collector.auth``): ``settings.token`` is a static admin token, ``local_token`` the
     in-process agent's of ``wattwatch up``; ``auth_required`` demands a token even while none exists (a
     collector listening beyond loopback); the database's tokens are re-read every ``token_refresh_s``.
+
+    ``periodic=False`` runs neither periodic pass (span energy, silent hosts): the other worker processes
+    of ``wattwatch collector --workers N`` leave them to worker 0.
     """
     owns_engine = engine is None
     db = make_engine(settings.resolved_db_url) if engine is None else engine
@@ -73,8 +78,15 @@ def create_app(
     registry, ingest_metrics = build_registry(db, settings, clock, leader)
     span_energy = SpanEnergyScheduler(db, clock=clock, interval_s=span_energy_interval_s, settle_s=span_energy_settle_s)
     silent_hosts = SilentHostScheduler(db, clock=clock, silent_after_s=settings.host_silent_after_s)
+    writer = GroupCommitter(db)
     ctx = Context(
-        settings=settings, engine=db, registry=registry, ingest=ingest_metrics, clock=clock, span_energy=span_energy
+        settings=settings,
+        engine=db,
+        registry=registry,
+        ingest=ingest_metrics,
+        clock=clock,
+        span_energy=span_energy,
+        writer=writer,
     )
 
     auth = Authenticator(
@@ -84,12 +96,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(auth.preload)
-        span_energy.start()
-        silent_hosts.start()
+        if periodic:
+            span_energy.start()
+            silent_hosts.start()
         try:
             yield
         finally:
             # Off the event loop: the last pass talks to the database and may take a moment.
+            await asyncio.to_thread(writer.stop)
             await asyncio.to_thread(silent_hosts.stop)
             await asyncio.to_thread(span_energy.stop)
             leader.close()

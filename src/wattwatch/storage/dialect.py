@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table, case, func, literal
+from sqlalchemy import Connection, Table, bindparam, case, cast, func, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -20,6 +20,22 @@ def upsert(conn: Connection, table: Table) -> Any:
     if name == "sqlite":
         return sqlite.insert(table)
     raise StorageError(f"wattwatch stores into SQLite or PostgreSQL, not {name}; use a sqlite:// or postgresql:// URL")
+
+
+def upsert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> tuple[Any, Any]:
+    """An ``upsert`` of ``rows`` (dicts with the same keys), and the parameters to execute it with.
+
+    Like ``upsert`` it takes ``on_conflict_do_update/nothing`` and ``returning``. On PostgreSQL the rows
+    travel as one array per column, unnested by the server: one statement and one round trip for any
+    number of rows, where psycopg's executemany sends, binds and answers each row (under load that
+    cost more than the rows' own work). SQLite gets the rows for an executemany, which runs in-process.
+    """
+    if conn.dialect.name != "postgresql":
+        return upsert(conn, table), list(rows)
+    names = list(rows[0])
+    arrays = (func.unnest(cast(bindparam(f"u_{n}"), postgresql.ARRAY(table.c[n].type))) for n in names)
+    stmt = postgresql.insert(table).from_select(names, select(*arrays))
+    return stmt, {f"u_{n}": [r[n] for r in rows] for n in names}
 
 
 def greatest(conn: Connection, a: Any, b: Any) -> ColumnElement[Any]:
@@ -49,7 +65,7 @@ def append_rows(conn: Connection, table: Table, columns: Sequence[str], rows: Se
     """Append ``rows`` (tuples in ``columns`` order) to ``table`` within ``conn``'s transaction.
 
     COPY on PostgreSQL (about twice executemany's speed, and it is the path high-rate data takes),
-    executemany elsewhere.
+    executemany of plain tuples on SQLite.
     """
     if not rows:
         return
@@ -63,4 +79,8 @@ def append_rows(conn: Connection, table: Table, columns: Sequence[str], rows: Se
             for row in rows:
                 copy.write_row(row)
         return
-    conn.execute(table.insert(), [dict(zip(columns, row, strict=True)) for row in rows])
+    # One INSERT handed to sqlite3's executemany with the tuples as they are: no per-row dicts and no
+    # SQLAlchemy parameter processing, which cost more than SQLite's own insert.
+    names = ", ".join(f'"{c}"' for c in columns)
+    marks = ", ".join("?" * len(columns))
+    conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", [tuple(r) for r in rows])

@@ -6,6 +6,7 @@ timeout (a second writer waits instead of failing). ``postgresql://`` URLs use p
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from wattwatch.errors import StorageError
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 # Execution option that makes a SQLite transaction take the write lock at BEGIN (see _begin).
 WRITE_TX = "wattwatch_write"
+
+log = logging.getLogger(__name__)
 
 
 def normalize_url(url: str) -> URL:
@@ -139,6 +142,7 @@ def check_schema(engine: Engine, url: str | None = None) -> None:
             "check that the server runs and the URL, user and password are right"
         ) from None
     head = head_revision()
+    log.debug("database %s is at revision %s (this wattwatch's newest: %s)", shown, current, head)
     if current == head:
         return
     if current is not None and current not in known_revisions():

@@ -7,7 +7,8 @@ key is stored with the SHA-256 of what was stored under it: the same key with th
 retry (a duplicate, answered 200), the same key with another hash a conflict (409) - never a silent drop.
 
 Span posts over HTTP carry an optional ``Idempotency-Key``, scoped to the job and the posting host.
-These functions run inside the caller's write transaction: a refusal rolls everything back.
+Batch keys are claimed by ``storage.group_ingest`` (many batches at once); span-post keys here. These run
+inside the caller's write transaction: a refusal rolls everything back.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, select
 
 from wattwatch.storage.dialect import upsert
-from wattwatch.storage.tables import agents, ingested_batches, span_posts
+from wattwatch.storage.tables import span_posts
 
 
 class AgentIdTaken(Exception):
@@ -38,45 +39,6 @@ class KeyReused(Exception):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
-
-
-def claim_agent_id(conn: Connection, agent_id: str, host: str, now_s: float) -> None:
-    """Bind ``agent_id`` to ``host`` unless it is bound already; raise AgentIdTaken if bound to another host."""
-    conn.execute(
-        upsert(conn, agents)
-        .values(agent_id=agent_id, host=host, first_seen_s=now_s)
-        .on_conflict_do_nothing(index_elements=[agents.c.agent_id])
-    )
-    # Read after the insert: under a race, PostgreSQL's ON CONFLICT waited for the other insert to commit.
-    owner = conn.execute(select(agents.c.host).where(agents.c.agent_id == agent_id)).scalar_one()
-    if owner != host:
-        raise AgentIdTaken(agent_id, owner, host)
-
-
-def claim_batch(
-    conn: Connection, agent_id: str, seq: int, body_sha256: str, received_at_s: float, n_intervals: int
-) -> bool:
-    """Store the batch key; True when new, False for a retry of the same content. Raises KeyReused."""
-    stored = conn.execute(
-        upsert(conn, ingested_batches)
-        .values(
-            agent_id=agent_id, seq=seq, received_at_s=received_at_s, n_intervals=n_intervals, body_sha256=body_sha256
-        )
-        .on_conflict_do_nothing()
-        # RETURNING, not rowcount: psycopg reports -1 for a skipped conflict.
-        .returning(ingested_batches.c.seq)
-    )
-    if stored.first() is not None:
-        return True
-    ib = ingested_batches
-    before = conn.execute(select(ib.c.body_sha256).where(ib.c.agent_id == agent_id, ib.c.seq == seq)).scalar_one()
-    if before is not None and before != body_sha256:
-        raise KeyReused(
-            f"seq {seq} of agent_id {agent_id!r} was stored before with other content; an agent never reuses a "
-            "seq, so two agents share this spool (cloned?): give each its own $WATTWATCH_HOME/spool.db",
-            "seq",
-        )
-    return False
 
 
 def claim_span_post(

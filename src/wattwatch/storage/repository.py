@@ -10,18 +10,17 @@ import hashlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, cast, or_, select, update
 
-from wattwatch import grid, wire
-from wattwatch.accounting.rollup import IntervalIn, JobHostTotals, rollup_intervals
+from wattwatch import wire
+from wattwatch.accounting.rollup import JobHostTotals
 from wattwatch.limits import REASON_ORDER, BoundError
-from wattwatch.storage.dialect import append_rows, append_token, greatest, least, upsert
+from wattwatch.storage.dialect import append_token, greatest, least, upsert, upsert_rows
 from wattwatch.storage.engine import WRITE_TX
-from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_agent_id, claim_batch, claim_span_post
+from wattwatch.storage.group_ingest import IngestResult, Pending, ingest_many
+from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_span_post
 from wattwatch.storage.reads import (
     DEFAULT_LIST_LIMIT,
     MetricsSnapshot,
@@ -30,10 +29,8 @@ from wattwatch.storage.reads import (
     list_jobs,
     metrics_snapshot,
 )
-from wattwatch.storage.spans import record_spans, record_ticks
+from wattwatch.storage.spans import record_spans
 from wattwatch.storage.tables import (
-    devices,
-    energy_intervals,
     hosts,
     idle_energy,
     job_device_energy,
@@ -60,18 +57,9 @@ __all__ = [
     "upsert_job",
 ]
 
-FLAGS_MAX_CHARS = 200
 # jobs.ended_by of a job the collector ended because no host running it pushed for too long
 # (``storage.silent_hosts``): provisional, the agent's own end replaces it.
 ENDED_BY_SILENT_AGENT = "collector-silent-agent"
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    """What ``ingest_batch`` did: ``duplicate`` means the (agent_id, seq) key was stored before."""
-
-    duplicate: bool
-    n_intervals: int
 
 
 class UnknownJob(LookupError):
@@ -95,7 +83,7 @@ class EndsBeforeStart(BoundError):
 
 
 @contextmanager
-def _write(engine: Engine) -> Iterator[Connection]:
+def write_transaction(engine: Engine) -> Iterator[Connection]:
     """One write transaction (on SQLite it takes the write lock at BEGIN; see engine._sqlite_begin)."""
     with engine.connect().execution_options(**{WRITE_TX: True}) as conn, conn.begin():
         yield conn
@@ -107,61 +95,13 @@ def ingest_batch(engine: Engine, batch: wire.Batch, *, received_at_s: float) -> 
     The ``(agent_id, seq)`` key is inserted first (``storage.idempotency``): if it exists with the same
     content, the batch was stored before and nothing else is written (``duplicate=True``), which makes
     agent retries and collector replicas safe. An agent id another host pushed first raises AgentIdTaken,
-    a key stored with other content KeyReused; either way nothing is stored.
+    a key stored with other content KeyReused; either way nothing is stored. The collector stores
+    concurrent batches together (``storage.group_ingest``); this is the same path for one.
     """
-    # The hash of the decoded batch, re-encoded: the same batch hashes the same however it was sent.
-    body_sha256 = hashlib.sha256(wire.encode(batch)).hexdigest()
-    with _write(engine) as conn:
-        claim_agent_id(conn, batch.agent_id, batch.host, received_at_s)
-        if not claim_batch(conn, batch.agent_id, batch.seq, body_sha256, received_at_s, len(batch.intervals)):
-            return IngestResult(duplicate=True, n_intervals=0)
-
-        region = None if isinstance(batch.grid_region, msgspec.UnsetType) else grid.normalize(batch.grid_region)
-        host_id = _upsert_host(conn, batch.host, batch.agent_id, received_at_s, grid_region=region)
-        device_ids = _upsert_devices(conn, host_id, batch.devices)
-        rows = _job_rows(batch, received_at_s)
-        _upsert_jobs(conn, rows)
-        _reopen(conn, [r["id"] for r in rows if not r["placeholder"] and r["ended_at_s"] is None], batch.sent_at_s)
-
-        append_rows(
-            conn,
-            energy_intervals,
-            _INTERVAL_COLUMNS,
-            [
-                (
-                    device_ids[iv.device],
-                    iv.t_start_s,
-                    iv.t_end_s,
-                    iv.energy_j,
-                    iv.source,
-                    ",".join(iv.flags)[:FLAGS_MAX_CHARS],
-                )
-                for iv in batch.intervals
-            ],
-        )
-        rollup = rollup_intervals(
-            IntervalIn(iv.device, iv.t_start_s, iv.t_end_s, iv.energy_j, iv.source, iv.shares, iv.idle_weight)
-            for iv in batch.intervals
-        )
-        _add_job_device_energy(
-            conn,
-            [
-                (job_id, device_ids[key], t.energy_j, t.max_power_w, sorted(t.sources))
-                for (job_id, key), t in rollup.job_device.items()
-            ],
-        )
-        # A job this host reported is on the host even before (or without) any energy.
-        job_host = dict(rollup.job_host)
-        for job in batch.jobs:
-            seen = job_host.setdefault(job.id, JobHostTotals())
-            start_s = job.started_at_s or received_at_s
-            seen.first_s = min(seen.first_s, start_s)
-            seen.last_s = max(seen.last_s, job.ended_at_s or start_s)
-        _add_job_hosts(conn, host_id, job_host)
-        _add_idle(conn, [(device_ids[key], hour_s, energy_j) for (key, hour_s), energy_j in rollup.idle_j.items()])
-        record_ticks(conn, host_id, rollup.job_ticks_j)
-        record_spans(conn, host_id, batch.queries, batch.query_counts)
-    return IngestResult(duplicate=False, n_intervals=len(batch.intervals))
+    (outcome,) = ingest_many(engine, [Pending(batch, received_at_s)])
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 def upsert_job(engine: Engine, host: str, job: wire.Job, *, now_s: float | None = None) -> None:
@@ -170,12 +110,12 @@ def upsert_job(engine: Engine, host: str, job: wire.Job, *, now_s: float | None 
     ``now_s`` stands in for an unknown start (``started_at_s`` 0) and for the host's last-seen time.
     """
     seen_s = time.time() if now_s is None else now_s
-    with _write(engine) as conn:
+    with write_transaction(engine) as conn:
         host_id = _upsert_host(conn, host, None, seen_s)
         row = _real_job_row(job, fallback_start_s=seen_s, created_at_s=seen_s)
-        _upsert_jobs(conn, [row])
+        upsert_job_rows(conn, [row])
         totals = JobHostTotals(first_s=row["started_at_s"], last_s=job.ended_at_s or row["started_at_s"])
-        _add_job_hosts(conn, host_id, {job.id: totals})
+        add_job_hosts(conn, {(job.id, host_id): totals})
 
 
 def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
@@ -183,7 +123,7 @@ def end_job(engine: Engine, job_id: str, ended_at_s: float) -> None:
     collector gave a silent agent's job). Raises UnknownJob, and EndsBeforeStart (nothing stored) for an
     end before the job's start."""
     silent = jobs.c.ended_by == ENDED_BY_SILENT_AGENT
-    with _write(engine) as conn:
+    with write_transaction(engine) as conn:
         started_at_s = conn.execute(select(jobs.c.started_at_s).where(jobs.c.id == job_id)).scalar()
         if started_at_s is not None and ended_at_s < started_at_s:
             raise EndsBeforeStart(job_id, ended_at_s, started_at_s)
@@ -222,7 +162,7 @@ def add_queries(
     for i, q in enumerate(queries):
         if q.job != job_id:
             raise ValueError(f"queries[{i}].job is {q.job!r}, but the queries were posted to job {job_id!r}")
-    with _write(engine) as conn:
+    with write_transaction(engine) as conn:
         if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
             raise UnknownJob(job_id)
         if idempotency_key is not None:
@@ -251,56 +191,14 @@ def job_host_names(engine: Engine, job_id: str) -> set[str] | None:
 # --- pieces of a write transaction -------------------------------------------------------------------
 
 
-def _upsert_host(
-    conn: Connection, name: str, agent_id: str | None, seen_s: float, *, grid_region: str | None = None
-) -> int:
-    values: dict[str, Any] = {"name": name, "agent_id": agent_id, "first_seen_s": seen_s, "last_seen_s": seen_s}
-    if grid_region is not None:
-        values["grid_region"] = grid_region
-    stmt = upsert(conn, hosts).values(**values)
+def _upsert_host(conn: Connection, name: str, agent_id: str | None, seen_s: float) -> int:
+    stmt = upsert(conn, hosts).values(name=name, agent_id=agent_id, first_seen_s=seen_s, last_seen_s=seen_s)
     set_: dict[str, Any] = {"last_seen_s": greatest(conn, hosts.c.last_seen_s, stmt.excluded.last_seen_s)}
     if agent_id is not None:
         set_["agent_id"] = stmt.excluded.agent_id
-    if grid_region is not None:
-        # The region the host's agent sent last; a batch without one leaves it (an older agent, a restart).
-        set_["grid_region"] = stmt.excluded.grid_region
     conn.execute(stmt.on_conflict_do_update(index_elements=[hosts.c.name], set_=set_))
     host_id = conn.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar_one()
     return int(host_id)
-
-
-def _upsert_devices(conn: Connection, host_id: int, batch_devices: Sequence[wire.Device]) -> dict[str, int]:
-    if batch_devices:
-        stmt = upsert(conn, devices)
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[devices.c.host_id, devices.c.key],
-                set_={
-                    "kind": stmt.excluded.kind,
-                    "index": stmt.excluded["index"],
-                    "uuid": stmt.excluded.uuid,
-                    "model": stmt.excluded.model,
-                    "power_limit_w": stmt.excluded.power_limit_w,
-                },
-            ),
-            [
-                {
-                    "host_id": host_id,
-                    "key": d.key,
-                    "kind": d.kind,
-                    "index": d.index,
-                    "uuid": d.uuid,
-                    "model": d.model,
-                    "power_limit_w": d.power_limit_w,
-                }
-                for d in sorted(batch_devices, key=lambda d: d.key)
-            ],
-        )
-    rows = conn.execute(select(devices.c.key, devices.c.id).where(devices.c.host_id == host_id))
-    return {key: int(device_id) for key, device_id in rows}
-
-
-_INTERVAL_COLUMNS = ("device_id", "t_start_s", "t_end_s", "energy_j", "source", "flags")
 
 
 def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float) -> dict[str, Any]:
@@ -322,7 +220,7 @@ def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float
     }
 
 
-def _job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
+def job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
     """Job rows for the batch's job records, plus placeholders for ids only intervals, spans or counts name."""
     first_seen_s: dict[str, float] = {}
     for iv in batch.intervals:
@@ -356,7 +254,8 @@ def _job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
     return [rows[k] for k in sorted(rows)]  # one lock order for every writer (PostgreSQL deadlocks)
 
 
-def _upsert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
+def upsert_job_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert or merge job rows (``job_rows``): placeholders only have to exist; real records merge."""
     placeholders = [r for r in rows if r["placeholder"]]
     real = [r for r in rows if not r["placeholder"]]
     if placeholders:
@@ -400,7 +299,7 @@ def _upsert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
     )
 
 
-def _reopen(conn: Connection, job_ids: list[str], sent_at_s: float) -> None:
+def reopen_jobs(conn: Connection, job_ids: list[str], sent_at_s: float) -> None:
     """Open again the jobs the collector ended for a silent agent that this batch says still run.
 
     Only a record sealed after that end counts (an agent re-announces the jobs it re-adopted after a
@@ -420,11 +319,16 @@ def _reopen(conn: Connection, job_ids: list[str], sent_at_s: float) -> None:
     )
 
 
-def _add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, float, float, list[str]]]) -> None:
+def add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, float, float, list[str]]]) -> None:
+    """Add energy per (job, device) onto the rollup: ``(job_id, device_id, energy_j, max_power_w, sources)``."""
     rows = sorted(rows)
     if not rows:
         return
-    stmt = upsert(conn, job_device_energy)
+    stmt, params = upsert_rows(
+        conn,
+        job_device_energy,
+        [{"job_id": j, "device_id": d, "energy_j": e, "max_power_w": p, "sources": s[0]} for j, d, e, p, s in rows],
+    )
     new = stmt.excluded
     conn.execute(
         stmt.on_conflict_do_update(
@@ -435,7 +339,7 @@ def _add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, floa
                 "sources": append_token(job_device_energy.c.sources, new.sources),
             },
         ),
-        [{"job_id": j, "device_id": d, "energy_j": e, "max_power_w": p, "sources": s[0]} for j, d, e, p, s in rows],
+        params,
     )
     # Rare: one device changed source within a batch (a counter reset bridged from power readings).
     extra = [{"j": j, "d": d, "s": src} for j, d, _, _, s in rows for src in s[1:]]
@@ -449,10 +353,26 @@ def _add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, floa
         )
 
 
-def _add_job_hosts(conn: Connection, host_id: int, totals: dict[str, JobHostTotals]) -> None:
+def add_job_hosts(conn: Connection, totals: dict[tuple[str, int], JobHostTotals]) -> None:
+    """Merge per (job, host) totals into ``job_hosts``: peak, first and last seen, and power now."""
     if not totals:
         return
-    stmt = upsert(conn, job_hosts)
+    stmt, params = upsert_rows(
+        conn,
+        job_hosts,
+        [
+            {
+                "job_id": job_id,
+                "host_id": host_id,
+                "peak_power_w": t.peak_power_w,
+                "first_s": t.first_s,
+                "last_s": max(t.last_s, t.first_s),
+                "power_w": t.recent_power_w,
+                "power_at_s": t.recent_at_s,
+            }
+            for (job_id, host_id), t in sorted(totals.items())
+        ],
+    )
     new = stmt.excluded
     newer_power = and_(
         new.power_at_s.is_not(None),
@@ -470,29 +390,21 @@ def _add_job_hosts(conn: Connection, host_id: int, totals: dict[str, JobHostTota
                 "power_at_s": case((newer_power, new.power_at_s), else_=job_hosts.c.power_at_s),
             },
         ),
-        [
-            {
-                "job_id": job_id,
-                "host_id": host_id,
-                "peak_power_w": t.peak_power_w,
-                "first_s": t.first_s,
-                "last_s": max(t.last_s, t.first_s),
-                "power_w": t.recent_power_w,
-                "power_at_s": t.recent_at_s,
-            }
-            for job_id, t in sorted(totals.items())
-        ],
+        params,
     )
 
 
-def _add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
+def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
+    """Add idle energy per (device, hour) onto ``idle_energy``."""
     if not rows:
         return
-    stmt = upsert(conn, idle_energy)
+    stmt, params = upsert_rows(
+        conn, idle_energy, [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)]
+    )
     conn.execute(
         stmt.on_conflict_do_update(
             index_elements=[idle_energy.c.device_id, idle_energy.c.hour_s],
             set_={"energy_j": idle_energy.c.energy_j + stmt.excluded.energy_j},
         ),
-        [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)],
+        params,
     )

@@ -4,7 +4,7 @@ A job is ended when every host it ran on (``job_hosts``) was last seen (``hosts.
 collector's receive time) before ``now - silent_after_s``; it ends at the last instant any of them
 measured it (``job_hosts.last_s``), with ``ended_by`` ``collector-silent-agent``. That end is
 provisional: an end the agent sends later replaces it, and a restarted agent that re-adopted the job
-opens it again (``repository._reopen``). Safe to run on several collector replicas at once: a job is
+opens it again (``repository.reopen_jobs``). Safe to run on several collector replicas at once: a job is
 only ended while it is still open.
 """
 

@@ -36,27 +36,47 @@ PACKED_SPAN_S = 60.0
 
 def record_ticks(conn: Connection, host_id: int, ticks_j: Mapping[tuple[str, float, float], float]) -> None:
     """Append each job's energy per tick on this host (packed) and mark those jobs for recomputation."""
+    record_ticks_many(conn, [(host_id, ticks_j)])
+
+
+def record_ticks_many(
+    conn: Connection, per_host: Sequence[tuple[int, Mapping[tuple[str, float, float], float]]]
+) -> None:
+    """``record_ticks`` for several hosts at once: one append of ticks and one of marks (group commit)."""
+    rows: list[tuple[str, int, float, float, bytes]] = []
+    marks: list[tuple[str, float, float]] = []
+    for host_id, ticks_j in per_host:
+        host_rows = _tick_rows(host_id, ticks_j)
+        rows.extend(host_rows)
+        first_s: dict[str, float] = {}
+        longest_s: dict[str, float] = {}
+        for job_id, _, t0, t1, _ in host_rows:
+            first_s[job_id] = min(first_s.get(job_id, t0), t0)
+            longest_s[job_id] = max(longest_s.get(job_id, 0.0), t1 - t0)
+        marks.extend((job_id, t_s, longest_s[job_id]) for job_id, t_s in sorted(first_s.items()))
+    append_rows(conn, job_ticks, _TICK_COLUMNS, rows)
+    append_rows(conn, span_dirty, ("job_id", "t_s", "max_tick_s"), marks)
+
+
+def _tick_rows(
+    host_id: int, ticks_j: Mapping[tuple[str, float, float], float]
+) -> list[tuple[str, int, float, float, bytes]]:
+    """One host's ticks as ``job_ticks`` rows, each packing the ticks starting within PACKED_SPAN_S."""
     per_job: dict[str, list[tuple[float, float, float]]] = {}
     for (job_id, t0, t1), energy_j in ticks_j.items():
         if energy_j > 0.0:
             per_job.setdefault(job_id, []).append((t0, t1, energy_j))
     rows: list[tuple[str, int, float, float, bytes]] = []
-    first_s: dict[str, float] = {}
-    longest_s: dict[str, float] = {}
     for job_id, ticks in sorted(per_job.items()):
         ticks.sort()
-        first_s[job_id] = ticks[0][0]
         start = 0
         for i in range(1, len(ticks) + 1):
             # Bounded rows keep a window's look-back short: it reads rows starting up to the longest row before it.
             if i == len(ticks) or ticks[i][0] - ticks[start][0] >= PACKED_SPAN_S:
                 chunk = ticks[start:i]
-                row = (job_id, host_id, chunk[0][0], max(t1 for _, t1, _ in chunk), pack_ticks(chunk))
-                rows.append(row)
-                longest_s[job_id] = max(longest_s.get(job_id, 0.0), row[3] - row[2])
+                rows.append((job_id, host_id, chunk[0][0], max(t1 for _, t1, _ in chunk), pack_ticks(chunk)))
                 start = i
-    append_rows(conn, job_ticks, _TICK_COLUMNS, rows)
-    mark_dirty(conn, first_s, longest_s)
+    return rows
 
 
 def pack_ticks(ticks: Sequence[tuple[float, float, float]]) -> bytes:

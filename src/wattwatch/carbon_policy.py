@@ -46,18 +46,15 @@ class CarbonPolicy:
     def intensity(self, host: str, sent_region: str | None = None) -> grid.GridIntensity:
         """The grid intensity ``host``'s energy is charged at, with its source."""
         region, by = self.region_of(host, sent_region)
-        fallback = f"config default {self.default_g_per_kwh:g} g/kWh"
         if region is None:
             return grid.GridIntensity(self.default_g_per_kwh, "config default")
         try:
             found = grid.lookup(region)
         except grid.UnknownRegion:
-            return grid.GridIntensity(self.default_g_per_kwh, f"{fallback} ({region} not in codecarbon's data)")
+            return grid.GridIntensity(self.default_g_per_kwh, f"config default ({region} is not in codecarbon's data)")
         if found is None:
-            return grid.GridIntensity(
-                self.default_g_per_kwh,
-                f"{fallback} (codecarbon's data not installed for {region}: wattwatch[estimate])",
-            )
+            why = f"region {region} set, but codecarbon's data is not installed: pip install 'wattwatch[estimate]'"
+            return grid.GridIntensity(self.default_g_per_kwh, f"config default ({why})")
         return grid.GridIntensity(found.g_per_kwh, f"{found.source}, region set by {by}", found.region)
 
     def emissions_g(self, energy_j: float, intensity: grid.GridIntensity) -> float:

@@ -300,3 +300,23 @@ def test_a_later_batch_without_a_region_keeps_the_hosts_region(client: TestClien
     assert r.status_code == 200, r.text
     (paris,) = client.get("/api/v1/report").json()["carbon"]["hosts"]
     assert (paris["region"], paris["g_per_kwh"]) == ("FRA", country_intensity("FRA"))
+
+
+@pytest.mark.e2e
+def test_the_demo_with_a_region_charges_codecarbons_figure_end_to_end(tmp_path: Path) -> None:
+    """A real `wattwatch demo` (agent, wire, collector, database, report) with WATTWATCH_GRID_REGION=FR."""
+    from procs import free_port
+
+    fra = country_intensity("FRA")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WATTWATCH_")}
+    env = {**base, "WATTWATCH_HOME": str(tmp_path), "WATTWATCH_GRID_REGION": "FR", "WATTWATCH_PUE": "1.5"}
+    cmd = [*WATTWATCH, "demo", "--duration", "4", "--listen", f"127.0.0.1:{free_port()}"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{fra:.4g} g/kWh (codecarbon data: France (FRA) 2023, region set by agent)" in done.stdout, done.stdout
+    assert "PUE 1.5" in done.stdout
+    report = json.loads(cli_report(f"sqlite:///{tmp_path / 'wattwatch.db'}", tmp_path, "json", WATTWATCH_PUE="1.5"))
+    (host,) = report["carbon"]["hosts"]
+    assert (host["region"], host["g_per_kwh"]) == ("FRA", fra)
+    for job in report["jobs"]:
+        assert job["emissions_g"] == pytest.approx(job["energy_j"] / 3.6e6 * 1.5 * fra, rel=1e-9)

@@ -206,6 +206,7 @@ def test_a_bad_region_is_a_422_naming_the_field(client: TestClient, region: str)
     [
         (["agent", "--grid-region", "ZZZ", "--collector", "http://127.0.0.1:9"], {}, "--grid-region"),
         (["agent", "--grid-region", "F-R", "--collector", "http://127.0.0.1:9"], {}, "--grid-region"),
+        (["agent", "--simulate", "1", "--collector", "http://127.0.0.1:9"], {"WATTWATCH_GRID_REGION": "ZZZ"}, "ZZZ"),
         (["report", "--format", "json"], {"WATTWATCH_GRID_REGION": "ZZZ"}, "WATTWATCH_GRID_REGION"),
         (["report", "--format", "json"], {"WATTWATCH_GRID_REGIONS": "gpu-*"}, "HOSTGLOB=REGION"),
         (["report", "--format", "json"], {"WATTWATCH_GRID_REGIONS": "gpu-*=mars"}, "grid_regions"),

@@ -529,13 +529,16 @@ def _settings_from(args: argparse.Namespace) -> Settings:
                 f"push interval {push_s:g} s (--push-interval or WATTWATCH_PUSH_INTERVAL) is out of range; "
                 "use 0.1 to 3600 seconds"
             )
-    if getattr(args, "grid_region", None):
+    if getattr(args, "grid_region", None) or (args.command in ("agent", "up", "demo") and settings.grid_region):
+        # Checked before a service starts anything (sensors, sockets), so a bad region is the only output.
         from wattwatch import grid
 
         try:
-            changes["grid_region"] = grid.check_region(args.grid_region)
+            changes["grid_region"] = grid.check_region(getattr(args, "grid_region", None) or settings.grid_region)
         except grid.UnknownRegion as exc:
-            raise UsageError(f"--grid-region: {exc}") from None
+            if getattr(args, "grid_region", None):
+                raise UsageError(f"--grid-region: {exc}") from None
+            raise ConfigError(f"{exc} (WATTWATCH_GRID_REGION or grid_region in the config file)") from None
     if args.command == "agent":
         if args.collector:
             if not args.collector.startswith(("http://", "https://")):

@@ -707,9 +707,15 @@ def carbon() -> Json:
     panels = [
         row("In use"),
         stat(
-            "Grid intensity",
-            "The grid carbon intensity the collector's emissions use (WATTWATCH_GRID_INTENSITY).",
-            target("max(wattwatch_grid_intensity_grams_per_kwh)", instant=True),
+            "Grid intensity per host",
+            "The grid carbon intensity each host's energy is charged at: codecarbon's figure for its region "
+            "(agent --grid-region, or the collector's grid_region / grid_regions), else the configured "
+            "WATTWATCH_GRID_INTENSITY (region empty).",
+            target(
+                f"max by (host, region) (wattwatch_host_grid_intensity_grams_per_kwh{{{HOST}}})",
+                "{{host}} {{region}}",
+                instant=True,
+            ),
             unit="suffix: gCO2e/kWh",
         ),
         stat(

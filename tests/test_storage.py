@@ -326,8 +326,20 @@ def test_multi_host_job_is_summed(db_engine: Engine) -> None:
     assert entry["avg_power_w"] == pytest.approx(2200.0)
     assert entry["peak_power_w"] == pytest.approx(2 * 600.0 + 2 * 500.0)
     assert entry["per_host"] == [
-        {"host": "h1", "energy_j": pytest.approx(12000.0), "peak_power_w": pytest.approx(1200.0)},
-        {"host": "h2", "energy_j": pytest.approx(10000.0), "peak_power_w": pytest.approx(1000.0)},
+        {
+            "host": "h1",
+            "energy_j": pytest.approx(12000.0),
+            "peak_power_w": pytest.approx(1200.0),
+            "grid_intensity_g_per_kwh": 400.0,  # no region anywhere: the configured default
+            "emissions_g": pytest.approx(12000.0 / 3.6e6 * 400.0),
+        },
+        {
+            "host": "h2",
+            "energy_j": pytest.approx(10000.0),
+            "peak_power_w": pytest.approx(1000.0),
+            "grid_intensity_g_per_kwh": 400.0,
+            "emissions_g": pytest.approx(10000.0 / 3.6e6 * 400.0),
+        },
     ]
     assert entry["labels"] == {"team": "nlp"}
 
@@ -453,10 +465,21 @@ def _seed_report_data(engine: Engine) -> None:
 def test_report_shape_is_design_json(db_engine: Engine) -> None:
     _seed_report_data(db_engine)
     report = repository.build_report(db_engine, grid_intensity_g_per_kwh=500.0, pue=1.2, now_s=T0 + 4010)
-    # DESIGN's two keys, what tells "no job matches" from "no job yet" (issue 11), and the paging cursor
-    # (null: no limit asked, so this is the only page).
-    assert set(report) == {"jobs", "idle", "filters", "jobs_recorded", "idle_from", "idle_until", "next_cursor"}
+    # DESIGN's two keys, what tells "no job matches" from "no job yet" (issue 11), the paging cursor
+    # (null: no limit asked, so this is the only page), and what the emissions rest on (carbon_policy).
+    assert set(report) == {
+        "jobs",
+        "idle",
+        "filters",
+        "jobs_recorded",
+        "idle_from",
+        "idle_until",
+        "next_cursor",
+        "carbon",
+    }
     assert report["filters"] == {} and report["jobs_recorded"] is True and report["next_cursor"] is None
+    assert report["carbon"]["pue"] == 1.2
+    assert report["carbon"]["hosts"] == [{"host": "h1", "region": None, "g_per_kwh": 500.0, "source": "config default"}]
     old, srv = report["jobs"]
     assert set(old) >= DESIGN_JOB_KEYS
     iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")

@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metric_labels(up)
     _add_retention(up)
     _add_agent_options(up)
+    _add_grid_region(up)
 
     demo = sub.add_parser(
         "demo",
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ca_file(ag)
     ag.add_argument("--interval", type=float, metavar="S", help="sampling tick in seconds (default 1)")
     ag.add_argument("--host", help="host name to report (default: this machine's)")
+    _add_grid_region(ag)
     ag.add_argument("--simulate", type=int, default=0, metavar="N", help="simulate N GPUs (no GPU needed)")
     _add_sim_flaws(ag)
     _add_agent_options(ag)
@@ -498,6 +500,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 _TIME_OPTIONS = ("--since", "--until", "--time-window-past", "--time-window-future")
 
 
+def _add_grid_region(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--grid-region",
+        metavar="REGION",
+        help="this host's grid, for its emissions: ISO country code (FR, USA) or cloud provider:region "
+        "(gcp:europe-west9); default $WATTWATCH_GRID_REGION, else the collector's setting",
+    )
+
+
 def _negative_duration(argv: list[str]) -> str | None:
     """The one-line error for a negative duration given as ``--since -5d``, else None."""
     for flag, value in itertools.pairwise(argv):
@@ -542,6 +553,16 @@ def _settings_from(args: argparse.Namespace) -> Settings:
                 f"push interval {push_s:g} s (--push-interval or WATTWATCH_PUSH_INTERVAL) is out of range; "
                 "use 0.1 to 3600 seconds"
             )
+    if getattr(args, "grid_region", None) or (args.command in ("agent", "up", "demo") and settings.grid_region):
+        # Checked before a service starts anything (sensors, sockets), so a bad region is the only output.
+        from wattwatch import grid
+
+        try:
+            changes["grid_region"] = grid.check_region(getattr(args, "grid_region", None) or settings.grid_region)
+        except grid.UnknownRegion as exc:
+            if getattr(args, "grid_region", None):
+                raise UsageError(f"--grid-region: {exc}") from None
+            raise ConfigError(f"{exc} (WATTWATCH_GRID_REGION or grid_region in the config file)") from None
     if args.command == "agent":
         if args.collector:
             if not args.collector.startswith(("http://", "https://")):
@@ -654,7 +675,7 @@ def _check_simulate(n: int) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch import demo
+    from wattwatch import carbon_policy, demo
     from wattwatch.report import render
     from wattwatch.standalone import run_up
     from wattwatch.storage.engine import check_ready
@@ -671,9 +692,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     run_up(settings, simulate=demo.DEMO_GPUS, flaws=flaws, driver=demo.drive, duration_s=args.duration or None)
     engine = check_ready(settings.resolved_db_url)
     try:
-        report = build_report(
-            engine, since_s=started_s, grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh, pue=settings.pue
-        )
+        report = build_report(engine, since_s=started_s, carbon=carbon_policy.from_settings(settings))
     finally:
         engine.dispose()
     report["jobs"] = [j for j in report["jobs"] if str(j["id"]).startswith("demo-")]

@@ -44,9 +44,18 @@ class Settings:
     # per batch, so a fleet sends fewer, larger batches. Each tick is durable in the spool meanwhile.
     push_interval_s: float = 5.0
     host: str = ""  # empty: the machine's hostname
-    # Carbon: gCO2e = kWh x PUE x grid intensity.
+    # Carbon: gCO2e = kWh x PUE x grid intensity (wattwatch.carbon_policy). The intensity is per host, from
+    # codecarbon's data for the host's grid region: the collector's per-host override (grid_regions,
+    # "HOSTGLOB=REGION,..."), else the region the host's agent sends (its grid_region), else the collector's
+    # own grid_region; with none of them, or without codecarbon's data, grid_intensity_g_per_kwh.
+    # A region: ISO 3166 country code (FR, USA) or cloud provider:region (gcp:europe-west9).
     grid_intensity_g_per_kwh: float = 400.0
+    grid_region: str = ""
+    grid_regions: str = ""
     pue: float = 1.0
+    # Cost = kWh x PUE x price (0: no cost in reports), in ``currency``.
+    price_per_kwh: float = 0.0
+    currency: str = "USD"
     # CPU TDP for the estimate where RAPL is missing; 0 looks it up in codecarbon's CPU table.
     cpu_tdp_w: float = 0.0
     # Finished jobs leave /metrics after this long, so label cardinality stays bounded.
@@ -115,6 +124,10 @@ _ENV = {
     "host": "WATTWATCH_HOST",
     "grid_intensity_g_per_kwh": "WATTWATCH_GRID_INTENSITY",
     "pue": "WATTWATCH_PUE",
+    "grid_region": "WATTWATCH_GRID_REGION",
+    "grid_regions": "WATTWATCH_GRID_REGIONS",
+    "price_per_kwh": "WATTWATCH_PRICE_PER_KWH",
+    "currency": "WATTWATCH_CURRENCY",
     "metrics_retention_s": "WATTWATCH_METRICS_RETENTION",
     "metric_labels": "WATTWATCH_METRIC_LABELS",
     "cpu_tdp_w": "WATTWATCH_CPU_TDP",

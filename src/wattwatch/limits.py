@@ -43,6 +43,10 @@ MAX_FLAGS = 8
 MAX_FLAG_CHARS = 24  # 8 flags x 24 characters + 7 commas = 199: the joined flags fit a String(200) column
 NO_NUL = r"^[^\x00]*$"  # a msgspec / JSON Schema pattern: no NUL anywhere
 FLAG_PATTERN = r"^[a-z0-9_]+$"
+# A host's grid region (``wattwatch.grid``): an ISO 3166 country code (FR, FRA) or a cloud
+# provider and region (gcp:europe-west9). Stored in hosts.grid_region, a String(64) column.
+MAX_GRID_REGION_CHARS = 64
+GRID_REGION_PATTERN = r"^(?:[A-Za-z]{2,3}|[A-Za-z0-9]+:[A-Za-z0-9_-]+)$"
 OWN_LABEL_PREFIX = "wattwatch.io/"  # labels wattwatch itself sets (phases, discovery): kept first
 
 # --- integers ------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("waiting_energy_j", "WAITING"),
     ("energy_per_step_j", "J/STEP"),
     ("emissions_g", "CO2e g"),
+    ("cost", "COST"),
     ("sources", "SOURCES"),
     ("reason", "NOTE"),
 )
@@ -51,6 +52,7 @@ _OPTIONAL = frozenset(
         "setup_energy_j",
         "after_energy_j",
         "reason",
+        "cost",
     }
 )
 
@@ -92,6 +94,12 @@ _CSV_FIELDS = (
     # Why a job shows 0 J or no GPU, and what to do (issue 11).
     "reason",
     "fix",
+    # What the emissions rest on (issue 11): each job's intensity (energy-weighted over its hosts), its
+    # source, the PUE, and the cost (kWh x PUE x price; empty with no price set).
+    "grid_intensity_g_per_kwh",
+    "intensity_source",
+    "pue",
+    "cost",
 )
 
 
@@ -134,6 +142,15 @@ def format_energy(energy_j: float | None) -> str:
     return f"{energy_j:.3g} J"
 
 
+def format_grams(grams: float) -> str:
+    """CO2e in a readable unit: ``140 g``, ``1.06 kg``, ``3.2 t``."""
+    if grams >= 1e6:
+        return f"{grams / 1e6:.3g} t"
+    if grams >= 1e3:
+        return f"{grams / 1e3:.3g} kg"
+    return f"{grams:.3g} g"
+
+
 def format_duration(duration_s: float | None) -> str:
     """Seconds as ``42.0s``, ``12m03s``, ``5h07m``."""
     if duration_s is None:
@@ -165,7 +182,7 @@ def _cell(job: Mapping[str, Any], key: str, notes: Mapping[str, int] | None = No
         return format_energy(value)
     if key.endswith("power_w"):
         return "-" if value is None else f"{value:.0f}"
-    if key == "emissions_g":
+    if key in ("emissions_g", "cost"):
         return "-" if value is None else f"{value:.3g}"
     if key == "sources":
         return ",".join(value or [])
@@ -231,6 +248,32 @@ def _idle_title(report: Mapping[str, Any]) -> str:
     return f"Idle energy (held by no job), whole hours {window}"
 
 
+def carbon_lines(report: Mapping[str, Any]) -> list[str]:
+    """What the emissions rest on: PUE, price, each host's grid intensity and its source; totals per kind.
+    Empty for a report without a ``carbon`` section (a collector older than it)."""
+    carbon = report.get("carbon")
+    if not carbon:
+        return []
+    currency = carbon.get("currency") or ""
+    price = f"; price {carbon['price_per_kwh']:g} {currency}/kWh" if carbon.get("price_per_kwh") else ""
+    lines = [f"Carbon: gCO2e = kWh x PUE {carbon['pue']:g} x grid intensity{price}"]
+    hosts = carbon.get("hosts") or []
+    if not hosts:
+        lines.append(f"  grid intensity {carbon['default_g_per_kwh']:g} g/kWh (config default)")
+    for h in hosts:
+        lines.append(f"  {h['host']}: {h['g_per_kwh']:.4g} g/kWh ({h['source']})")
+    kinds = carbon.get("by_kind") or []
+    if kinds:
+
+        def money(value: float | None) -> str:
+            return f", {value:.3g} {currency}" if value is not None else ""
+
+        parts = [f"{k['kind']} {format_grams(k['emissions_g'])}{money(k.get('cost'))}" for k in kinds]
+        total = f"total {format_grams(carbon['emissions_g'])}{money(carbon.get('cost'))}"
+        lines.append(f"  by kind: {'; '.join(parts)}; {total}")
+    return lines
+
+
 def _table(report: Mapping[str, Any]) -> str:
     header, rows = _rows(report)
     parts = [_grid(header, rows) if rows else empty_message(report)]
@@ -245,6 +288,9 @@ def _table(report: Mapping[str, Any]) -> str:
     note = window_note(report)
     if note:
         parts += ["", note]
+    carbon = carbon_lines(report)
+    if carbon:
+        parts += ["", *carbon]
     return "\n".join(parts)
 
 
@@ -266,6 +312,9 @@ def _markdown(report: Mapping[str, Any]) -> str:
     note = window_note(report)
     if note:
         lines += ["", note]
+    carbon = carbon_lines(report)
+    if carbon:
+        lines += ["", f"**{carbon[0]}**", "", *(f"- {line.strip()}" for line in carbon[1:])]
     return "\n".join(lines)
 
 

@@ -119,10 +119,12 @@ def parse_labels(items: list[str]) -> dict[str, str | None]:
 
 def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **filters: Any) -> dict[str, Any]:
     """The report read straight from the database at ``url``; ``job_ref`` resolved as ``job_refs`` says."""
+    from wattwatch import carbon_policy
     from wattwatch.storage.engine import check_ready
     from wattwatch.storage.job_refs import AmbiguousJob
     from wattwatch.storage.reads import BadCursor, build_report, resolve_job
 
+    policy = carbon_policy.from_settings(settings)  # a bad region or PUE is named before the database is opened
     engine = check_ready(url)
     try:
         job_id = None
@@ -134,13 +136,7 @@ def local_report(url: str, settings: Settings, *, job_ref: str | None = None, **
             if job_id is None:
                 return {"jobs": [], "idle": [], "filters": {"job": job_ref}, "jobs_recorded": True}
         try:
-            return build_report(
-                engine,
-                job_id=job_id,
-                grid_intensity_g_per_kwh=settings.grid_intensity_g_per_kwh,
-                pue=settings.pue,
-                **filters,
-            )
+            return build_report(engine, job_id=job_id, carbon=policy, **filters)
         except BadCursor:
             raise UsageError(BAD_CURSOR) from None
     finally:

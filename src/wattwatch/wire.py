@@ -50,6 +50,15 @@ LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_LABEL
 LabelValue = Annotated[str, msgspec.Meta(max_length=limits.MAX_LABEL_VALUE_CHARS, pattern=limits.NO_NUL)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=limits.MAX_LABELS)]
 Flag = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_FLAG_CHARS, pattern=limits.FLAG_PATTERN)]
+GridRegion = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=2,
+        max_length=limits.MAX_GRID_REGION_CHARS,
+        pattern=limits.GRID_REGION_PATTERN,
+        description="the host's grid: ISO 3166 country code (FR, USA) or cloud provider:region (gcp:europe-west9)",
+    ),
+]
 DeviceKeys = Annotated[list[Key], msgspec.Meta(max_length=limits.MAX_DEVICES)]
 
 
@@ -160,6 +169,10 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     jobs: list[Job] = []
     queries: list[Query] = []
     query_counts: list[QueryCount] = []
+    # Where the host draws its power from, for its emissions (agent --grid-region); absent: the collector's
+    # own setting for the host, else its default. UNSET is left out of the encoded batch, so an agent
+    # without a region sends what collectors before this field accept.
+    grid_region: GridRegion | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         if self.version != WIRE_VERSION:

@@ -49,10 +49,13 @@ class Outbox:
         clock: Callable[[], float],
         boot_id: str | None = None,
         refused: Callable[[list[BoundError]], None] | None = None,
+        grid_region: str | None = None,
     ) -> None:
         self.spool = spool
         self.agent_id = agent_id
         self.host = host
+        # Sent with every batch (the collector keeps the latest per host); None: left out of the batch.
+        self.grid_region = grid_region
         self._devices = devices
         self._clock = clock
         self._refused = refused
@@ -143,6 +146,8 @@ class Outbox:
                 now_s = self._clock()
                 batch = {"agent_id": self.agent_id, "seq": seq, "host": self.host, "sent_at_s": now_s, **merged}
                 batch["devices"] = list(devices.values())
+                if self.grid_region:
+                    batch["grid_region"] = self.grid_region
                 self.spool.seal_staged(seq, self._fitted(batch), created_s=created_s or now_s)
                 log.info("batch %d: sealed from %d part(s) staged before the agent stopped", seq, len(parts))
                 sealed.append(seq)
@@ -180,6 +185,7 @@ class Outbox:
             jobs=records.jobs,
             queries=records.queries,
             query_counts=records.counts,
+            grid_region=self.grid_region or msgspec.UNSET,
         )
 
     def _fitted(self, batch: wire.Batch | dict[str, Any]) -> bytes:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import msgspec
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from wattwatch import wire
+from wattwatch import grid, wire
 from wattwatch.agent.backfill import Backfill
 from wattwatch.agent.discover import ProcessClassifier
 from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
@@ -111,6 +111,20 @@ def _ended_at_restart(mark: JobMark, last_seen_s: float) -> wire.Job:
     )
 
 
+def _grid_region(settings: Settings) -> str | None:
+    """The agent's grid region in canonical form (None: not set); ConfigError saying what to give.
+
+    Reads codecarbon's data files where installed (not the package: no pandas on the agent), else checks
+    only the form and leaves the rest to the collector.
+    """
+    if not settings.grid_region:
+        return None
+    try:
+        return grid.check_region(settings.grid_region)
+    except grid.UnknownRegion as exc:
+        raise ConfigError(f"{exc} (--grid-region or WATTWATCH_GRID_REGION)") from None
+
+
 def tick_interval_s(interval_s: float, sensors: Sequence[Sensor]) -> float:
     """The agent's tick: ``interval_s``, shortened to the smallest ``max_poll_interval_s`` of the sensors
     that have one (RAPL: a counter that wraps twice between two reads loses whole ranges of energy);
@@ -165,6 +179,7 @@ class Agent:
         self.settings = settings
         self.options = options or AgentOptions()
         self.host = settings.host or socket.gethostname()
+        self.grid_region = _grid_region(settings)  # checked before anything is opened
         # Self-metrics: energy and power per device are added up as intervals close; the rest is read
         # at scrape time. Served only with settings.metrics_listen (checked first: nothing is open yet).
         self.device_totals = DeviceTotals()
@@ -244,6 +259,7 @@ class Agent:
             clock,
             boot_id=self._boot_id,
             refused=self.refused.add,
+            grid_region=self.grid_region,
         )
         self._settler: ShareSettler | None = None
         if self.tracker is not None and self.tracker.weighs_by_utilization:

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from wattwatch.accounting.carbon import emissions_g
+from wattwatch import carbon_policy
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
@@ -97,6 +97,7 @@ class JobMetricsCollector(Collector):
     def __init__(self, engine: Engine, settings: Settings, clock: Callable[[], float], leader: MetricsLeader) -> None:
         self._engine = engine
         self._settings = settings
+        self._carbon = carbon_policy.from_settings(settings)
         self._clock = clock
         self._leader = leader
         self._user_labels = metric_label_names(settings.metric_labels)
@@ -150,11 +151,24 @@ class JobMetricsCollector(Collector):
             "wattwatch_grid_intensity_grams_per_kwh", "Grid carbon intensity the emissions use (gCO2e/kWh)."
         )
         pue = GaugeMetricFamily("wattwatch_pue", "Power usage effectiveness the emissions use.")
-        families: list[Metric] = [*f.all(), idle, host, seen, intensity, pue]
+        host_intensity = GaugeMetricFamily(
+            "wattwatch_host_grid_intensity_grams_per_kwh",
+            "Grid carbon intensity each host's energy is charged at (gCO2e/kWh); region empty: the configured one.",
+            labels=["host", "region"],
+        )
+        families: list[Metric] = [*f.all(), idle, host, seen, intensity, pue, host_intensity]
         if snap is None:
             return families
         intensity.add_metric([], s.grid_intensity_g_per_kwh)
         pue.add_metric([], s.pue)
+        # Each host's energy at its own grid's intensity (carbon_policy), as reports charge it.
+        grid_of = {name: self._carbon.intensity(name, region) for name, region in snap.host_region.items()}
+        for name, g in sorted(grid_of.items()):
+            host_intensity.add_metric([name, g.region or ""], g.g_per_kwh)
+        grams: dict[str, float] = {}
+        for job_id, host_name, _kind, energy_j in snap.job_energy:
+            g = grid_of.get(host_name) or self._carbon.intensity(host_name)
+            grams[job_id] = grams.get(job_id, 0.0) + self._carbon.emissions_g(energy_j, g)
         labels_of: dict[str, list[str]] = {}
         phases: dict[str, tuple[list[str], str]] = {}  # phase job id -> (its job's labels, "setup" | "after")
         for job_id, job in snap.jobs.items():
@@ -171,7 +185,7 @@ class JobMetricsCollector(Collector):
             figures = snap.spans.get(job_id)
             if figures is not None:
                 f.add_span_figures(labels, figures)
-            f.emissions.add_metric(labels, emissions_g(job.energy_j, s.grid_intensity_g_per_kwh, s.pue))
+            f.emissions.add_metric(labels, grams.get(job_id, 0.0))
         for phase_id, (_own, phase) in phases.items():
             owner = snap.jobs[phase_id].phase_of
             if owner in labels_of and owner not in phases:

@@ -51,6 +51,8 @@ class PerHost(msgspec.Struct):
     host: str
     energy_j: Joules
     peak_power_w: Watts
+    grid_intensity_g_per_kwh: Annotated[float, msgspec.Meta(description="gCO2e/kWh of this host's grid")]
+    emissions_g: Annotated[float, msgspec.Meta(description="grams CO2e of this host's share")]
 
 
 class Phase(msgspec.Struct):
@@ -100,7 +102,11 @@ class JobEntry(msgspec.Struct):
     energy_per_step_p95_j: Joules | None
     epochs: Count
     energy_per_epoch_j: Joules | None
-    emissions_g: Annotated[float, msgspec.Meta(description="grams CO2e")]
+    emissions_g: Annotated[float, msgspec.Meta(description="grams CO2e: each host's kWh x PUE x its intensity")]
+    cost: Annotated[float | None, msgspec.Meta(description="kWh x PUE x price_per_kwh (null: no price set)")]
+    grid_intensity_g_per_kwh: Annotated[float, msgspec.Meta(description="gCO2e/kWh, energy-weighted over hosts")]
+    intensity_source: Annotated[str, msgspec.Meta(description="where the intensity comes from")]
+    pue: Annotated[float, msgspec.Meta(description="power usage effectiveness applied")]
     sources: list[Source]
     labels: dict[str, str]
     running: bool
@@ -145,6 +151,37 @@ class ReportWindow(msgspec.Struct):
     default: bool  # true when no ``since`` was given and the collector's default window applied
 
 
+class HostIntensity(msgspec.Struct):
+    """The grid intensity a host's energy is charged at, and where the figure comes from."""
+
+    host: str
+    region: Annotated[str | None, msgspec.Meta(description="FRA, gcp:europe-west9; null: the configured default")]
+    g_per_kwh: Annotated[float, msgspec.Meta(description="gCO2e per kWh")]
+    source: Annotated[str, msgspec.Meta(description="e.g. 'codecarbon data: France (FRA) 2023' or 'config default'")]
+
+
+class KindCarbon(msgspec.Struct):
+    """Energy, emissions and cost of the report's jobs of one kind."""
+
+    kind: JobKind
+    energy_j: Joules
+    emissions_g: float
+    cost: float | None
+
+
+class CarbonSummary(msgspec.Struct):
+    """What the report's emissions and costs rest on, and their totals."""
+
+    pue: float
+    price_per_kwh: Annotated[float | None, msgspec.Meta(description="null: no price configured")]
+    currency: str | None
+    default_g_per_kwh: Annotated[float, msgspec.Meta(description="for hosts with no region (config)")]
+    hosts: list[HostIntensity]
+    by_kind: list[KindCarbon]
+    emissions_g: float
+    cost: float | None
+
+
 class Report(msgspec.Struct):
     """``GET /api/v1/report``: one page of jobs in start order, and idle energy per device (first page only).
 
@@ -160,6 +197,7 @@ class Report(msgspec.Struct):
     idle_until: Annotated[Timestamp | None, msgspec.Meta(description="... up to here")]
     next_cursor: str | None
     window: ReportWindow
+    carbon: Annotated[CarbonSummary, msgspec.Meta(description="intensity per host, its source, PUE, price, totals")]
 
 
 class Health(msgspec.Struct):

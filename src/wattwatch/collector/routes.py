@@ -13,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
+import msgspec
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
-from wattwatch import limits, wire
+from wattwatch import carbon_policy, grid, limits, wire
 from wattwatch.collector import contract
 from wattwatch.collector.auth import Authenticator, Principal
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
@@ -165,7 +166,8 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
     guarded = [Depends(auth.reader)]
     s = ctx.settings
     window = s.time_window()
-    carbon = {"grid_intensity_g_per_kwh": s.grid_intensity_g_per_kwh, "pue": s.pue}
+    # Checked now, so a bad region, PUE or price stops the collector at start (ConfigError) with its name.
+    carbon: dict[str, Any] = {"carbon": carbon_policy.from_settings(s)}
 
     @router.post(
         "/api/v1/ingest",
@@ -215,6 +217,12 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
             ctx.ingest.errors.inc()
             raise
         who.require_write(batch.host, "host")
+        if not isinstance(batch.grid_region, msgspec.UnsetType):
+            try:
+                grid.check_region(batch.grid_region)
+            except grid.UnknownRegion as exc:
+                ctx.ingest.errors.inc()
+                raise ApiError(422, str(exc), "grid_region") from None
         try:
             limits.check_batch_times(batch, ctx.clock(), window)  # a 422 naming the field: app.py
         except limits.BoundError:
@@ -434,7 +442,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
     return router
 
 
-def _job_or_404(ctx: Context, job_id: str, carbon: dict[str, float]) -> dict[str, Any]:
+def _job_or_404(ctx: Context, job_id: str, carbon: dict[str, Any]) -> dict[str, Any]:
     job = repository.get_job(ctx.engine, job_id, now_s=ctx.clock(), **carbon)
     if job is None:
         raise ApiError(404, f"no job {job_id!r}", "job_id")

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, tuple_
+import msgspec
+from sqlalchemy import Connection, Engine, func, select, tuple_
 
-from wattwatch import wire
+from wattwatch import grid, wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
 from wattwatch.storage.dialect import append_rows, greatest, upsert, upsert_rows
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
@@ -276,15 +277,28 @@ def _merge_job_host(a: JobHostTotals, b: JobHostTotals) -> JobHostTotals:
 
 def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
     latest: dict[str, tuple[str, float]] = {}
+    # The grid region each host's agent sent last in this group (carbon_policy); a host whose batches send
+    # none keeps the one stored (an older agent, or one started without --grid-region).
+    regions: dict[str, tuple[str, float]] = {}
     for item in items:
         b = item.batch
         if b.host not in latest or item.received_at_s >= latest[b.host][1]:
             latest[b.host] = (b.agent_id, item.received_at_s)
+        if not isinstance(b.grid_region, msgspec.UnsetType) and (
+            b.host not in regions or item.received_at_s >= regions[b.host][1]
+        ):
+            regions[b.host] = (grid.normalize(b.grid_region), item.received_at_s)
     stmt, params = upsert_rows(
         conn,
         hosts,
         [
-            {"name": name, "agent_id": agent_id, "first_seen_s": seen_s, "last_seen_s": seen_s}
+            {
+                "name": name,
+                "agent_id": agent_id,
+                "first_seen_s": seen_s,
+                "last_seen_s": seen_s,
+                "grid_region": regions[name][0] if name in regions else None,
+            }
             for name, (agent_id, seen_s) in sorted(latest.items())
         ],
     )
@@ -294,6 +308,7 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
             set_={
                 "last_seen_s": greatest(conn, hosts.c.last_seen_s, stmt.excluded.last_seen_s),
                 "agent_id": stmt.excluded.agent_id,
+                "grid_region": func.coalesce(stmt.excluded.grid_region, hosts.c.grid_region),
             },
         ),
         params,

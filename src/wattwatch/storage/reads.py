@@ -29,8 +29,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Select, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from wattwatch.accounting.carbon import emissions_g
 from wattwatch.accounting.rollup import hour_floor_s
+from wattwatch.carbon_policy import CarbonPolicy
+from wattwatch.grid import GridIntensity
 from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
@@ -43,7 +44,7 @@ from wattwatch.storage.tables import (
     jobs,
 )
 from wattwatch.storage.zero_reasons import explain
-from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc
+from wattwatch.units import DEVICE_KINDS, JOB_KINDS, iso_utc, j_to_kwh
 
 DEFAULT_LIST_LIMIT = 100
 
@@ -124,14 +125,14 @@ def _job_entries(
     conn: Connection,
     job_ids: Select[Any],
     *,
-    grid_intensity_g_per_kwh: float,
-    pue: float,
+    carbon: CarbonPolicy,
     now_s: float,
 ) -> dict[str, dict[str, Any]]:
     """Report entries for the jobs ``job_ids`` selects, keyed by job id (caller orders them)."""
     job_rows = conn.execute(select(jobs).where(jobs.c.id.in_(job_ids))).all()
     if not job_rows:
         return {}
+    intensity = _Intensities(conn, carbon)
     jde = job_device_energy
     energy_rows = conn.execute(
         select(jde.c.job_id, hosts.c.name, devices.c.key, devices.c.kind, jde.c.energy_j, jde.c.sources)
@@ -204,7 +205,8 @@ def _job_entries(
             "peak_power_w": max(math.fsum(h["peak_power_w"] for h in per_host.values()), avg_power_w or 0.0),
             # queries, tokens, energy_per_query_j, energy_per_token_j, and the per-query/per-step extras.
             **spans,
-            "emissions_g": emissions_g(energy_j, grid_intensity_g_per_kwh, pue),
+            # Each host's energy at its own grid's intensity (carbon_policy); the figures used beside them.
+            **_carbon_fields(carbon, intensity, per_host, energy_j),
             "sources": sources,
             # Extras (DESIGN: "more fields are welcome").
             "labels": dict(job.labels or {}),
@@ -214,7 +216,13 @@ def _job_entries(
             "started_at_s": job.started_at_s,
             "ended_at_s": job.ended_at_s,
             "per_host": [
-                {"host": name, "energy_j": h["energy_j"], "peak_power_w": h["peak_power_w"]}
+                {
+                    "host": name,
+                    "energy_j": h["energy_j"],
+                    "peak_power_w": h["peak_power_w"],
+                    "grid_intensity_g_per_kwh": intensity(name).g_per_kwh,
+                    "emissions_g": carbon.emissions_g(h["energy_j"], intensity(name)),
+                }
                 for name, h in sorted(per_host.items())
             ],
             "source_note": "; ".join(notes) or None,
@@ -226,6 +234,45 @@ def _job_entries(
         # Why it shows 0 J or no GPU, and what to do (None when its figures need no explaining).
         entry["reason"], entry["fix"] = explain(entry, gpu_hosts, held_gpu=job.id in held_gpu)
     return entries
+
+
+class _Intensities:
+    """host name -> its GridIntensity under ``carbon``, each host resolved once per read."""
+
+    def __init__(self, conn: Connection, carbon: CarbonPolicy) -> None:
+        self.carbon = carbon
+        self.sent: dict[str, str | None] = {
+            r.name: r.grid_region for r in conn.execute(select(hosts.c.name, hosts.c.grid_region))
+        }
+        self._cache: dict[str, GridIntensity] = {}
+
+    def __call__(self, host: str) -> GridIntensity:
+        if host not in self._cache:
+            self._cache[host] = self.carbon.intensity(host, self.sent.get(host))
+        return self._cache[host]
+
+
+def _carbon_fields(
+    carbon: CarbonPolicy, intensity: _Intensities, per_host: Mapping[str, Mapping[str, float]], energy_j: float
+) -> dict[str, Any]:
+    """A job's emissions and cost, and the intensity (energy-weighted over its hosts), source and PUE used."""
+    used = {name: intensity(name) for name in per_host} or {"": intensity("")}  # no host: the default's
+    grams = math.fsum(carbon.emissions_g(h["energy_j"], used[name]) for name, h in per_host.items())
+    kwh = j_to_kwh(energy_j) * carbon.pue
+    # Energy-weighted over its hosts; a job without energy shows its hosts' plain mean.
+    g_per_kwh = grams / kwh if kwh > 0 else sum(i.g_per_kwh for i in used.values()) / len(used)
+    return {
+        "emissions_g": grams,
+        "cost": carbon.cost(energy_j),
+        "grid_intensity_g_per_kwh": g_per_kwh,
+        "intensity_source": "; ".join(sorted({i.source for i in used.values()})),
+        "pue": carbon.pue,
+    }
+
+
+def _policy(carbon: CarbonPolicy | None, grid_intensity_g_per_kwh: float, pue: float) -> CarbonPolicy:
+    """``carbon``, or (callers from before per-host intensities) a policy of one intensity and PUE."""
+    return carbon if carbon is not None else CarbonPolicy(default_g_per_kwh=grid_intensity_g_per_kwh, pue=pue)
 
 
 def _phases_of(conn: Connection, job_ids: Select[Any], *, now_s: float) -> dict[str, list[dict[str, Any]]]:
@@ -325,6 +372,7 @@ def build_report(
     labels: Mapping[str, str | None] | None = None,
     limit: int | None = None,
     cursor: str | None = None,
+    carbon: CarbonPolicy | None = None,
 ) -> dict[str, Any]:
     """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``, plus
     ``filters`` (those given, times as ISO), ``jobs_recorded`` (whether the database holds any job at
@@ -335,13 +383,15 @@ def build_report(
     starting before ``until_s``: ``idle_from`` / ``idle_until``) and the ``host`` filter. ``job_id``
     narrows to one job, and idle to that job's hosts. ``name`` is a shell glob on job names; ``labels``
     must all be on the job (a None value: any value). Jobs are in start order. ``now_s`` (default: the
-    clock) is where a running job's duration ends.
+    clock) is where a running job's duration ends. ``carbon`` (default: one intensity and PUE for every
+    host, the two arguments) prices each host's energy; the report's ``carbon`` section states what it used.
 
     Paging: ``limit`` jobs at most per page (None: all); ``next_cursor`` is None on the last page, else
     what to pass as ``cursor`` for the next one (keyset paging on start time and id, so a job starting
     meanwhile never shifts a page). Idle energy is on the first page only, so pages add up.
     """
     now_s = time.time() if now_s is None else now_s
+    policy = _policy(carbon, grid_intensity_g_per_kwh, pue)
     want = dict(labels or {})
     where = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
     if cursor is not None:
@@ -362,7 +412,7 @@ def build_report(
         if kept is not None and limit is not None:
             kept = kept[:limit]
         job_ids = select(jobs.c.id).where(*where) if kept is None else select(jobs.c.id).where(jobs.c.id.in_(kept))
-        entries = _job_entries(conn, job_ids, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, pue=pue, now_s=now_s)
+        entries = _job_entries(conn, job_ids, carbon=policy, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
         if host is not None:
@@ -373,6 +423,9 @@ def build_report(
             if cursor is not None
             else _idle(conn, since_s=idle_from_s, until_s=idle_until_s, host_names=idle_host_names)
         )
+        intensity = _Intensities(conn, policy)
+        shown = {h for e in ordered for h in e["hosts"]} | {r["host"] for r in idle}
+        carbon_summary = policy.summary([(h, intensity.sent.get(h)) for h in shown], ordered)
         recorded = bool(ordered) or conn.execute(select(jobs.c.id).limit(1)).first() is not None
     filters = {
         "since": iso_utc(since_s),
@@ -392,6 +445,7 @@ def build_report(
         "idle_from": iso_utc(idle_from_s),
         "idle_until": iso_utc(idle_until_s),
         "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
+        "carbon": carbon_summary,
     }
 
 
@@ -450,6 +504,7 @@ def list_jobs(
     grid_intensity_g_per_kwh: float = 400.0,
     pue: float = 1.0,
     now_s: float | None = None,
+    carbon: CarbonPolicy | None = None,
 ) -> list[dict[str, Any]]:
     """The newest ``limit`` jobs (by start) as report entries; same filters as ``build_report``."""
     now_s = time.time() if now_s is None else now_s
@@ -465,8 +520,7 @@ def list_jobs(
         entries = _job_entries(
             conn,
             select(jobs.c.id).where(jobs.c.id.in_(newest)),
-            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
-            pue=pue,
+            carbon=_policy(carbon, grid_intensity_g_per_kwh, pue),
             now_s=now_s,
         )
     return [entries[job_id] for job_id in newest if job_id in entries]
@@ -479,6 +533,7 @@ def get_job(
     grid_intensity_g_per_kwh: float = 400.0,
     pue: float = 1.0,
     now_s: float | None = None,
+    carbon: CarbonPolicy | None = None,
 ) -> dict[str, Any] | None:
     """One job's report entry, or None if no such job."""
     now_s = time.time() if now_s is None else now_s
@@ -486,8 +541,7 @@ def get_job(
         entries = _job_entries(
             conn,
             select(jobs.c.id).where(jobs.c.id == job_id),
-            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
-            pue=pue,
+            carbon=_policy(carbon, grid_intensity_g_per_kwh, pue),
             now_s=now_s,
         )
     return entries.get(job_id)
@@ -530,6 +584,8 @@ class MetricsSnapshot:
     host: list[tuple[str, str, str, float]] = field(default_factory=list)
     # (host, last batch stored, epoch seconds)
     host_seen: list[tuple[str, float]] = field(default_factory=list)
+    # host -> the grid region its agent sent (None: none), for its emissions (carbon_policy)
+    host_region: dict[str, str | None] = field(default_factory=dict)
 
 
 def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals: bool = True) -> MetricsSnapshot:
@@ -588,9 +644,9 @@ def metrics_snapshot(engine: Engine, *, now_s: float, retention_s: float, totals
             )
             .order_by(hosts.c.name, devices.c.key)
         ).all()
-        snap.host_seen = [
-            (name, float(seen_s)) for name, seen_s in conn.execute(select(hosts.c.name, hosts.c.last_seen_s))
-        ]
+        for name, seen_s, region in conn.execute(select(hosts.c.name, hosts.c.last_seen_s, hosts.c.grid_region)):
+            snap.host_seen.append((name, float(seen_s)))
+            snap.host_region[name] = region
     host_totals: dict[tuple[str, str, str], float] = {}
     for host, key, device_kind, job_j, idle_j in device_rows:
         if idle_j:

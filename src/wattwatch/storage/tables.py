@@ -46,6 +46,8 @@ hosts = Table(
     Column("agent_id", String(200), nullable=True),
     Column("first_seen_s", Float, nullable=False),
     Column("last_seen_s", Float, nullable=False),
+    # The grid region its agent sent (canonical: FRA, gcp:europe-west9): wattwatch.carbon_policy.
+    Column("grid_region", String(64), nullable=True),
 )
 
 devices = Table(

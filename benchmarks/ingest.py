@@ -18,8 +18,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, insert, text
 from sqlalchemy.engine import make_url
@@ -33,6 +34,8 @@ from wattwatch.storage import migrate
 from wattwatch.storage.engine import make_engine, normalize_url
 from wattwatch.storage.repository import build_report, ingest_batch
 from wattwatch.storage.tables import energy_intervals
+
+T = TypeVar("T")
 
 GPUS = 8
 
@@ -126,6 +129,20 @@ def pg_scratch(base_url: str) -> tuple[str, Engine, str]:
     return make_url(base_url).set(database=name).render_as_string(hide_password=False), admin, name
 
 
+def on_pg_scratch(base_url: str, run: Callable[[str], T]) -> tuple[T | None, str]:
+    """``run(url)`` on a scratch PostgreSQL database dropped afterwards: (its result, ""), or (None, a note
+    saying why PostgreSQL was skipped) when no server answers."""
+    try:
+        url, admin, name = pg_scratch(base_url)
+    except Exception as exc:
+        return None, f"(PostgreSQL skipped: {str(exc).splitlines()[0]})"
+    try:
+        return run(url), ""
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
 def per_s(n: float, seconds: float) -> str:
     """A rate in thousands per second: ``341k``."""
     return f"{n / seconds / 1e3:.0f}k"
@@ -146,16 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     note = "(PostgreSQL skipped: --sqlite-only)" if args.sqlite_only else ""
     if not args.sqlite_only:
         base = os.environ.get("WATTWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-        try:
-            url, admin, name = pg_scratch(base)
-        except Exception as exc:
-            note = f"(PostgreSQL skipped: {str(exc).splitlines()[0]})"
-        else:
-            try:
-                rows.append(("PostgreSQL", bench(url, bodies)))
-            finally:
-                with admin.connect() as conn:
-                    conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        row, note = on_pg_scratch(base, lambda url: bench(url, bodies))
+        if row is not None:
+            rows.append(("PostgreSQL", row))
     print(command("ingest.py", argv))
     print(
         paragraph(

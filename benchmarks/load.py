@@ -357,6 +357,11 @@ async def throughput(port: int, agents: list[Agent], ticks: int, seconds: float,
             await _push(conn, agent, ticks, result)
 
     await asyncio.gather(*(sender(c, a) for c, a in zip(conns, agents, strict=True)))
+    return await _finish(result, t0, conns, meters)
+
+
+async def _finish(result: Result, t0: float, conns: list[Connection], meters: list[CpuMeter]) -> Result:
+    """End a run: its length, the CPU meters stopped, reconnects counted, connections closed."""
     result.seconds = time.perf_counter() - t0
     for m in meters:
         m.stop()
@@ -388,13 +393,7 @@ async def fleet(
             slot += push_s
 
     await asyncio.gather(*(agent_loop(c, a) for c, a in zip(conns, agents, strict=True)))
-    result.seconds = time.perf_counter() - t0
-    for m in meters:
-        m.stop()
-    result.reconnects = sum(c.reconnects for c in conns)
-    for c in conns:
-        await c.close()
-    return result
+    return await _finish(result, t0, conns, meters)
 
 
 # --- the ceiling: the same rows written raw -------------------------------------------------------------------

@@ -31,7 +31,7 @@ from sqlalchemy import Engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ingest import pg_scratch
+from ingest import on_pg_scratch
 from mdtable import command, paragraph, table
 
 from wattwatch.storage import migrate
@@ -228,16 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(("SQLite", bench(f"sqlite:///{tmp}/scale.db", args)))
     if not args.sqlite_only:
         base = os.environ.get("WATTWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-        try:
-            url, admin, name = pg_scratch(base)
-        except Exception as exc:
-            note = f"(PostgreSQL skipped: {str(exc).splitlines()[0]})"
-        else:
-            try:
-                rows.append(("PostgreSQL", bench(url, args)))
-            finally:
-                with admin.connect() as conn:
-                    conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        row, note = on_pg_scratch(base, lambda url: bench(url, args))
+        if row is not None:
+            rows.append(("PostgreSQL", row))
     print(command("report_scale.py", argv))
     print(
         paragraph(

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, func, select, tuple_
 from wattwatch import grid, wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
 from wattwatch.storage import raw_batches, tables
-from wattwatch.storage.dialect import append_rows, cached_upsert, greatest, upsert, upsert_rows
+from wattwatch.storage.dialect import append_rows, cached_upsert, greatest, pipelined, upsert, upsert_rows
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
 from wattwatch.storage.spans import record_spans, record_ticks_many
 from wattwatch.storage.tables import agents, devices, hosts, ingested_batches
@@ -260,10 +260,6 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
         for tick, energy_j in rollup.job_ticks_j.items():
             host_ticks[tick] = host_ticks.get(tick, 0.0) + energy_j
 
-    append_rows(conn, tables.raw_batches, raw_batches.COLUMNS, raw_rows)
-    repo.add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
-    repo.add_job_hosts(conn, job_hosts)
-    repo.add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])
     per_device: dict[int, tuple[float, float]] = {}
     for (_job_id, device_id), (energy_j, _p, _s) in jde.items():
         job_j, idle_j = per_device.get(device_id, (0.0, 0.0))
@@ -271,8 +267,15 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     for (device_id, _hour_s), energy_j in idle.items():
         job_j, idle_j = per_device.get(device_id, (0.0, 0.0))
         per_device[device_id] = (job_j, idle_j + energy_j)
-    repo.add_device_energy(conn, per_device)
-    record_ticks_many(conn, sorted(ticks.items()))
+    # None of these writes needs another's result: on PostgreSQL they go out in one pipeline.
+    with pipelined(conn):
+        append_rows(conn, tables.raw_batches, raw_batches.COLUMNS, raw_rows)
+        repo.add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
+        repo.add_job_hosts(conn, job_hosts)
+        repo.add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])
+        repo.add_device_energy(conn, per_device)
+        record_ticks_many(conn, sorted(ticks.items()))
+    # Spans read rows back (RETURNING), which a pipeline cannot give SQLAlchemy: after it.
     for item in items:
         if item.batch.queries or item.batch.query_counts:
             record_spans(conn, host_ids[item.batch.host], item.batch.queries, item.batch.query_counts)

@@ -228,10 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
 
-    from wattwatch import spool_cli, token_cli
+    from wattwatch import spool_cli, token_cli, top_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
     spool_cli.add_parser(sub, _fmt())
+    top_cli.add_parser(sub, _fmt(), _add_token)
     for parser in _subparsers(p):
         # Global options after the command too (`wattwatch report --home X`); SUPPRESS keeps one given
         # before the command when it is not repeated after.
@@ -580,7 +581,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     if args.command in ("up", "collector"):
         changes.update(_retention_changes(args, settings))
     settings = dataclasses.replace(settings, **changes)
-    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run")
+    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run", "top")
     return resolve_token(settings) if needs_token else settings
 
 
@@ -643,6 +644,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch import spool_cli
 
         return spool_cli.run(args, settings)
+    if cmd == "top":
+        from wattwatch import top_cli
+
+        return top_cli.run(args, settings)
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")

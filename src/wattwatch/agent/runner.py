@@ -382,7 +382,8 @@ class Agent:
         """Answer one local-API request (see ``agent.local_api``)."""
         op = msg.get("op")
         if op == "ping":
-            return {"ok": True, "host": self.host, "agent_id": self.agent_id}
+            # The collector it pushes to: `wattwatch top` reads it there.
+            return {"ok": True, "host": self.host, "agent_id": self.agent_id, "collector": self.settings.collector_url}
         if op == "job_start":
             return self.job_start(msg)
         if op == "job_end":

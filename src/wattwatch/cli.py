@@ -680,7 +680,7 @@ def _check_simulate(n: int) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch import carbon_policy, demo
+    from wattwatch import carbon_policy, demo, progress
     from wattwatch.report import render
     from wattwatch.standalone import run_up
     from wattwatch.storage.engine import check_ready
@@ -694,7 +694,9 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         f"wattwatch demo: {demo.DEMO_GPUS} simulated GPUs; training on GPU 0-1, inference on GPU 2, "
         f"GPU 3 idle; running {'until Ctrl-C' if not args.duration else f'{args.duration:g} s'}"
     )
-    run_up(settings, simulate=demo.DEMO_GPUS, flaws=flaws, driver=demo.drive, duration_s=args.duration or None)
+    # A status line on stderr while it runs (elapsed, remaining, energy so far): `progress`.
+    driver = progress.demo_driver(demo.drive, args.duration or None)
+    run_up(settings, simulate=demo.DEMO_GPUS, flaws=flaws, driver=driver, duration_s=args.duration or None)
     engine = check_ready(settings.resolved_db_url)
     try:
         report = build_report(engine, since_s=started_s, carbon=carbon_policy.from_settings(settings))

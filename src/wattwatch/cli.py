@@ -228,11 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
 
-    from wattwatch import spool_cli, token_cli, top_cli
+    from wattwatch import completion, spool_cli, token_cli, top_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
     spool_cli.add_parser(sub, _fmt())
     top_cli.add_parser(sub, _fmt(), _add_token)
+    completion.add_parser(sub, _fmt())
     for parser in _subparsers(p):
         # Global options after the command too (`wattwatch report --home X`); SUPPRESS keeps one given
         # before the command when it is not repeated after.
@@ -648,6 +649,11 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch import top_cli
 
         return top_cli.run(args, settings)
+    if cmd == "completion":
+        from wattwatch import completion
+
+        sys.stdout.write(completion.script(build_parser(), args.shell))
+        return 0
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")

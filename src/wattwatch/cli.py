@@ -453,6 +453,15 @@ def _add_listen(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wattwatch`` console script."""
+    code = _main(argv)
+    if argv is None:  # a process of its own: a read-only command ends without the teardown (quick_exit)
+        from wattwatch import quick_exit
+
+        return quick_exit.finish(code, sys.argv[1:])
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     negative = _negative_duration(argv)
     if negative:

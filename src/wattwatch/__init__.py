@@ -28,8 +28,8 @@ _SDK = frozenset({"epoch", "job", "query", "step"})
 def __getattr__(name: str) -> Any:
     """The SDK's context managers, imported on first use: every ``wattwatch`` command imports this package,
     and most need no SDK (its imports cost a command start some 40 ms)."""
-    if name in _SDK:
+    if name in _SDK or name == "sdk":  # `import wattwatch; wattwatch.sdk` worked when it loaded eagerly
         from wattwatch import sdk
 
-        return getattr(sdk, name)
+        return sdk if name == "sdk" else getattr(sdk, name)
     raise AttributeError(f"module 'wattwatch' has no attribute {name!r}")

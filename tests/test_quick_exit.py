@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from procs import WATTWATCH
@@ -46,3 +47,15 @@ def test_a_quick_command_keeps_its_exit_code_and_its_one_line_error(tmp_path: Pa
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert away.returncode == 1 and len(away.stderr.splitlines()) == 1
+
+
+def test_the_sdk_loads_on_first_use_and_stays_reachable() -> None:
+    code = (
+        "import sys, wattwatch, wattwatch.cli\n"
+        "assert 'wattwatch.sdk' not in sys.modules, 'a command start imports no SDK'\n"
+        "from wattwatch import job, step\n"
+        "assert wattwatch.sdk.job is job and wattwatch.step is step and wattwatch.query and wattwatch.epoch\n"
+        "try:\n    wattwatch.nope\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit('no error')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr

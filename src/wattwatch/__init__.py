@@ -15,6 +15,7 @@ All are no-ops (with one warning) when no agent is reachable, and never block th
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def __getattr__(name: str) -> Any:
     """The SDK's context managers, imported on first use: every ``wattwatch`` command imports this package,
     and most need no SDK (its imports cost a command start some 40 ms)."""
     if name in _SDK or name == "sdk":  # `import wattwatch; wattwatch.sdk` worked when it loaded eagerly
-        from wattwatch import sdk
-
+        # import_module, not `from wattwatch import sdk`: that asks this function for "sdk" again.
+        sdk = importlib.import_module("wattwatch.sdk")
         return sdk if name == "sdk" else getattr(sdk, name)
     raise AttributeError(f"module 'wattwatch' has no attribute {name!r}")

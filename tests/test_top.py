@@ -42,26 +42,32 @@ def test_live_shows_power_now_the_holder_and_its_energy_so_far(client: TestClien
         1,
         jobs=[train, done],
         intervals=seconds("gpu0", T0, 10, 300.0, {"train-1": 1.0})
-        # gpu1 draws 500 W until the last two seconds, then 80 W: power now is the latest second's
+        # gpu1 draws 500 W until the last two seconds, then 80 W: power now is the latest second's; its
+        # latest intervals name old-1, which has ended: no running job holds gpu1
         + seconds("gpu1", T0, 8, 500.0, {})
-        + seconds("gpu1", T0 + 8, 2, 80.0, {})
+        + seconds("gpu1", T0 + 8, 2, 80.0, {"old-1": 1.0})
         + seconds("gpu1", T0 - 50, 10, 200.0, {"old-1": 1.0}),
     )
     assert post_batch(client, b).status_code == 200
+    # A batch sealed at a boundary holds a sliver of gpu0 only: the power spans it and the batch before.
+    sliver = wire.Interval(
+        device="gpu0", t_start_s=T0 + 10, t_end_s=T0 + 10.5, energy_j=150.0, source="counter", shares={"train-1": 1}
+    )
+    assert post_batch(client, batch(2, intervals=[sliver])).status_code == 200
     live = client.get("/api/v1/live").json()
     (host,) = live["hosts"]
     assert host["host"] == "h1"
     gpus = {d["device"]: d for d in host["devices"] if d["kind"] == "gpu"}
     assert gpus["gpu0"]["power_w"] == pytest.approx(300.0)
-    assert gpus["gpu0"]["jobs"] == ["train-1"] and gpus["gpu0"]["power_at_s"] == pytest.approx(T0 + 10)
+    assert gpus["gpu0"]["jobs"] == ["train-1"] and gpus["gpu0"]["power_at_s"] == pytest.approx(T0 + 10.5)
     assert gpus["gpu1"]["power_w"] == pytest.approx(80.0)
-    assert gpus["gpu1"]["jobs"] == []  # old-1 held it, but it ended
+    assert gpus["gpu1"]["jobs"] == []
     (job,) = live["jobs"]
-    assert job["id"] == "train-1" and job["energy_j"] == pytest.approx(3000.0)
+    assert job["id"] == "train-1" and job["energy_j"] == pytest.approx(3150.0)
     assert job["gpu_power_w"] == pytest.approx(300.0)
     # What top prints from it.
     frame = render(live, server="http://c")
-    assert "h1    gpu0  300 W  train-1 llama-ft (training)  3000 J" in frame, frame
+    assert "h1    gpu0  300 W  train-1 llama-ft (training)  3150 J" in frame, frame
     assert "gpu1  80 W   idle" in frame, frame
     # A minute after the last reading, no power is "now" any more.
     clock.advance(120)
@@ -75,6 +81,7 @@ def test_live_costs_the_same_statements_however_long_the_history(
     # O(running jobs + devices): the number of statements does not grow with the stored intervals.
     job = wire.Job(id="serve-1", name="chat", kind="inference", started_at_s=T0)
     post_batch(client, batch(1, jobs=[job], intervals=seconds("gpu0", T0, 5, 300.0, {"serve-1": 1.0})))
+    client.get("/api/v1/live")  # a first request may set up the connection (dialect checks)
     statements: list[str] = []
 
     def count(conn: object, cursor: object, statement: str, *args: object) -> None:
@@ -84,7 +91,9 @@ def test_live_costs_the_same_statements_however_long_the_history(
     try:
         client.get("/api/v1/live")
         first = len(statements)
-        post_batch(client, batch(2, intervals=seconds("gpu0", T0 + 5, 200, 300.0, {"serve-1": 1.0})))
+        for seq in range(2, 42):  # 40 more batches of 5 s
+            start_s = T0 + 5 * (seq - 1)
+            post_batch(client, batch(seq, intervals=seconds("gpu0", start_s, 5, 300.0, {"serve-1": 1.0})))
         statements.clear()
         clock.advance(200)
         live = client.get("/api/v1/live").json()
@@ -92,3 +101,4 @@ def test_live_costs_the_same_statements_however_long_the_history(
         event.remove(db_engine, "before_cursor_execute", count)
     assert len(statements) == first
     assert live["jobs"][0]["energy_j"] == pytest.approx(205 * 300.0)
+    assert live["hosts"][0]["devices"][0]["power_w"] == pytest.approx(300.0)

@@ -1,10 +1,10 @@
 """What ``wattwatch top`` shows: each device's power now, the running jobs holding it, and each running
 job's energy so far, J/query and J/step (``GET /api/v1/live``).
 
-Bounded cost, whatever the history: the running jobs' report entries (``reads``: O(running jobs)), and
-per device of the hosts heard from lately one index seek for its latest interval plus the intervals of
-the second before it (the ``(device_id, t_start_s)`` index), so O(devices), never a scan of the raw
-intervals.
+Bounded cost, whatever the history: the running jobs' report entries (``reads``: O(running jobs)), and per
+host heard from lately one index seek for its latest raw batch (``raw_batches``' ``(host_id, t_start_s)``
+index) plus the few batches of the seconds before it, decoded: O(hosts x devices), never a scan. The
+devices' latest intervals give both the power now and who holds each device now (their shares).
 
 "Now" is as of the latest batch a host pushed: agents push every few seconds (``--push-interval``), so
 the figures trail the hardware by up to that much; ``power_at_s`` says when each reading ends.
@@ -12,19 +12,27 @@ the figures trail the hardware by up to that much; ``power_at_s`` says when each
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
+from wattwatch import wire
 from wattwatch.carbon_policy import CarbonPolicy
+from wattwatch.storage.raw_batches import decode_intervals
 from wattwatch.storage.reads import POWER_FRESH_S, _job_entries, _policy, _snapshot
-from wattwatch.storage.tables import devices, energy_intervals, hosts, job_device_energy, jobs
+from wattwatch.storage.tables import devices, hosts, jobs, raw_batches
 
 # Hosts silent for longer than this are left out (their devices' power is no "now").
 HOST_FRESH_S = 600.0
 # Power now is the mean over the latest interval and those that started within this much before it: a
 # 0.1 s fine tick alone is noisy.
 POWER_SPAN_S = 1.0
+# The batches read per host: its latest and those ending up to this long before it starts (a batch sealed
+# at a job's start or end may hold only a sliver of a second; the push before it holds the rest), among the
+# batches that started within the lookback (a batch spans one push interval, or a restart's gap).
+BATCHES_SPAN_S = 5.0
+BATCHES_LOOKBACK_S = 300.0
 # Fields of a running job's report entry that the live view carries.
 JOB_FIELDS = (
     "id",
@@ -54,7 +62,7 @@ def live_view(
     """``{"at_s", "hosts": [{"host", "last_seen_s", "devices": [{"device", "kind", "model", "power_w",
     "power_at_s", "jobs"}]}], "jobs": [running job, with "gpu_power_w" now]}``; hosts by name, devices by key,
     jobs by start."""
-    ei = energy_intervals
+    rb = raw_batches
     running = select(jobs.c.id).where(jobs.c.ended_at_s.is_(None), jobs.c.phase_of.is_(None))
     with _snapshot(engine) as conn:
         entries = _job_entries(conn, running, carbon=_policy(carbon, 400.0, 1.0), now_s=now_s)
@@ -69,37 +77,49 @@ def live_view(
             .where(devices.c.host_id.in_(host_ids))
             .order_by(devices.c.host_id, devices.c.kind.desc(), devices.c.index, devices.c.key)
         ).all()
-        # Per device: its latest interval's start (an index seek: max over the (device_id, t_start_s) index),
-        # then the intervals from POWER_SPAN_S before it.
-        last = ei.alias("last")
+        # Each host's latest batches: an index seek for its latest batch start on (host_id, t_start_s), then
+        # the batches that end up to BATCHES_SPAN_S before it, looked for among those of the last
+        # BATCHES_LOOKBACK_S (an index range): a few per host, whatever the history.
+        last = rb.alias("last")
         latest = (
-            select(func.max(last.c.t_start_s))
-            .where(last.c.device_id == devices.c.id)
-            .correlate(devices)
-            .scalar_subquery()
+            select(func.max(last.c.t_start_s)).where(last.c.host_id == hosts.c.id).correlate(hosts).scalar_subquery()
         )
-        power_rows = conn.execute(
-            select(devices.c.id, func.sum(ei.c.energy_j), func.min(ei.c.t_start_s), func.max(ei.c.t_end_s))
+        batch_rows = conn.execute(
+            select(rb.c.host_id, rb.c.format, rb.c.body)
             .select_from(
-                devices.join(ei, and_(ei.c.device_id == devices.c.id, ei.c.t_start_s >= latest - POWER_SPAN_S))
+                hosts.join(
+                    rb,
+                    and_(
+                        rb.c.host_id == hosts.c.id,
+                        rb.c.t_start_s >= latest - BATCHES_LOOKBACK_S,
+                        rb.c.t_end_s >= latest - BATCHES_SPAN_S,
+                    ),
+                )
             )
-            .where(devices.c.host_id.in_(host_ids))
-            .group_by(devices.c.id)
+            .where(hosts.c.id.in_(host_ids))
         ).all()
-        # Which running job holds each device: those with energy on it.
-        jde = job_device_energy
-        holder_rows = conn.execute(
-            select(jde.c.device_id, jde.c.job_id)
-            .where(jde.c.job_id.in_(running), jde.c.energy_j > 0)
-            .order_by(jde.c.device_id, jde.c.job_id)
-        ).all()
+    # Per device: its latest interval, and those that started within POWER_SPAN_S before it.
+    recent: dict[tuple[int, str], list[wire.Interval]] = {}
+    for host_id, fmt, body in batch_rows:
+        try:
+            intervals = decode_intervals(bytes(body), int(fmt))
+        except ValueError:
+            continue  # a format of a newer version: no power from it
+        for iv in intervals:
+            recent.setdefault((host_id, iv.device), []).append(iv)
     power: dict[int, tuple[float, float]] = {}
-    for device_id, energy_j, start_s, end_s in power_rows:
-        if energy_j is not None and end_s is not None and end_s > start_s and end_s >= now_s - POWER_FRESH_S:
-            power[device_id] = (float(energy_j) / (end_s - start_s), float(end_s))
     holders: dict[int, list[str]] = {}
-    for device_id, job_id in holder_rows:
-        holders.setdefault(device_id, []).append(job_id)
+    for d in device_rows:
+        ivs = recent.get((d.host_id, d.key))
+        if not ivs:
+            continue
+        newest = max(ivs, key=lambda iv: iv.t_start_s)
+        window = [iv for iv in ivs if iv.t_start_s >= newest.t_start_s - POWER_SPAN_S]
+        start_s, end_s = min(iv.t_start_s for iv in window), max(iv.t_end_s for iv in window)
+        if end_s > start_s and end_s >= now_s - POWER_FRESH_S:
+            power[d.id] = (math.fsum(iv.energy_j for iv in window) / (end_s - start_s), end_s)
+            # Who holds it now: the running jobs sharing its latest interval.
+            holders[d.id] = sorted(j for j, w in newest.shares.items() if w > 0 and j in entries)
     by_host: dict[int, list[dict[str, Any]]] = {}
     for d in device_rows:
         watts, at_s = power.get(d.id, (None, None))

@@ -73,14 +73,33 @@ class DeviceCache:
 
     def __init__(self) -> None:
         self._hosts: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
-        self._staged: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
         self.jobs: set[str] = set()
-        self._staged_jobs: set[str] = set()
+        # What each writer thread's running transaction wrote: one cache serves every writer thread, so a
+        # host's devices are upserted once per collector process, not once per thread.
+        self._local = threading.local()
         self._lock = threading.Lock()
+
+    @property
+    def _staged(self) -> dict[int, tuple[DeviceRows, dict[str, int]]]:
+        staged: dict[int, tuple[DeviceRows, dict[str, int]]] | None = getattr(self._local, "staged", None)
+        if staged is None:
+            staged = self._local.staged = {}
+        return staged
+
+    @property
+    def _staged_jobs(self) -> set[str]:
+        staged: set[str] | None = getattr(self._local, "jobs", None)
+        if staged is None:
+            staged = self._local.jobs = set()
+        return staged
+
+    def known_jobs(self) -> set[str]:
+        """Job ids committed with a row (for membership tests only: other threads add to it)."""
+        return self.jobs
 
     def stage_jobs(self, job_ids: set[str]) -> None:
         """Remember job ids the running transaction gave a row, for ``commit``."""
-        self._staged_jobs |= job_ids
+        self._staged_jobs.update(job_ids)
 
     def get(self, host_id: int, described: DeviceRows) -> dict[str, int] | None:
         """The host's device ids when ``described`` is what was stored, else None."""
@@ -93,19 +112,20 @@ class DeviceCache:
         self._staged[host_id] = (described, ids)
 
     def commit(self) -> None:
-        """The transaction committed: its staged ids are valid."""
+        """The calling thread's transaction committed: its staged ids are valid."""
         with self._lock:
             self._hosts.update(self._staged)
             if len(self.jobs) + len(self._staged_jobs) > self.MAX_JOBS:
                 self.jobs = set()
+            # In place: other threads only test membership, which the GIL keeps whole.
             self.jobs |= self._staged_jobs
-        self._staged = {}
-        self._staged_jobs = set()
+        self._local.staged = {}
+        self._local.jobs = set()
 
     def rollback(self) -> None:
-        """The transaction rolled back: forget what it staged."""
-        self._staged = {}
-        self._staged_jobs = set()
+        """The calling thread's transaction rolled back: forget what it staged."""
+        self._local.staged = {}
+        self._local.jobs = set()
 
 
 def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
@@ -404,7 +424,7 @@ def _upsert_jobs(conn: Connection, items: Sequence[Pending], cache: DeviceCache 
     per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
     real_ids = [r["id"] for rows in per_item for r in rows if not r["placeholder"]]
     real = set(real_ids)
-    known = cache.jobs if cache is not None else set()
+    known = cache.known_jobs() if cache is not None else set()
     placeholders: dict[str, dict[str, Any]] = {}
     for rows in per_item:
         for r in rows:

@@ -274,6 +274,7 @@ def test_migration_0008_fills_device_totals_from_rollups(db_url: str) -> None:
             conn.execute(text("DROP INDEX ix_idle_energy_hour_s"))
             conn.execute(text("ALTER TABLE hosts DROP COLUMN grid_region"))  # 0009, which follows 0008
             conn.execute(text("DROP TABLE raw_batches"))  # 0010
+            conn.execute(text("DROP INDEX ix_jobs_id_stem"))  # 0011
             conn.execute(text("UPDATE alembic_version SET version_num = '0007'"))
             conn.execute(text("INSERT INTO hosts (id, name, first_seen_s, last_seen_s) VALUES (1, 'h', 0, 0)"))
             conn.execute(text("INSERT INTO devices (id, host_id, key, kind, \"index\") VALUES (1, 1, 'g', 'gpu', 0)"))

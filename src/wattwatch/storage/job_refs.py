@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, func, or_, select
+from sqlalchemy import Connection, func, literal_column, or_, select
 
 from wattwatch.storage.tables import jobs
 
@@ -83,14 +83,12 @@ def short_ids(conn: Connection, ids: Iterable[str]) -> dict[str, str]:
         return {}
     stem = MIN_SHORT_ID - 2
     stems = sorted({i[:stem] for i in wanted})
+    # The expression of index ix_jobs_id_stem (migration 0011), constants inline so the planner matches it.
+    id_stem = func.substr(jobs.c.id, literal_column("1"), literal_column(str(stem)))
     others: set[str] = set()
     for chunk_start in range(0, len(stems), 500):  # bound the IN list
         chunk = stems[chunk_start : chunk_start + 500]
-        others.update(
-            conn.execute(
-                select(jobs.c.id).where(jobs.c.phase_of.is_(None), func.substr(jobs.c.id, 1, stem).in_(chunk))
-            ).scalars()
-        )
+        others.update(conn.execute(select(jobs.c.id).where(jobs.c.phase_of.is_(None), id_stem.in_(chunk))).scalars())
     ordered = sorted(others | set(wanted))
     out: dict[str, str] = {}
     for i, job_id in enumerate(ordered):

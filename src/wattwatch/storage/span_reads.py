@@ -73,8 +73,8 @@ class SpanFigures:
         }
 
 
-def read_span_figures(conn: Connection, job_ids: Select[Any]) -> dict[str, SpanFigures]:
-    """Figures for the jobs ``job_ids`` selects; a job with no spans or counts is absent (all zero/None)."""
+def read_span_figures(conn: Connection, job_ids: Select[Any] | list[str]) -> dict[str, SpanFigures]:
+    """Figures for the jobs ``job_ids`` selects (or lists); a job with no spans or counts is absent (all zero/None)."""
     totals = {r.job_id: r for r in conn.execute(select(job_query_totals).where(job_query_totals.c.job_id.in_(job_ids)))}
     stats: dict[str, dict[str, Any]] = {}
     for r in conn.execute(select(span_stats).where(span_stats.c.job_id.in_(job_ids))):

@@ -28,6 +28,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    text,
 )
 
 # Named constraints, so later migrations can alter them by name on every backend.
@@ -92,6 +93,8 @@ jobs = Table(
     Index(None, "started_at_s"),
     Index(None, "ended_at_s"),
     Index(None, "phase_of"),
+    # The first MIN_SHORT_ID - 2 characters of the id: storage.job_refs.short_ids (migration 0011).
+    Index("ix_jobs_id_stem", text("substr(id, 1, 6)")),
 )
 
 energy_intervals = Table(

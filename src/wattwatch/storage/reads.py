@@ -32,6 +32,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from wattwatch.accounting.rollup import hour_floor_s
 from wattwatch.carbon_policy import CarbonPolicy
 from wattwatch.grid import GridIntensity
+from wattwatch.report_group import totals
 from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
@@ -446,6 +447,8 @@ def build_report(
         "idle_until": iso_utc(idle_until_s),
         "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
         "carbon": carbon_summary,
+        # This page's sums and the idle share (report_group.totals: the CLI's footer is the same figures).
+        "totals": totals(ordered, idle),
     }
 
 

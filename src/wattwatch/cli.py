@@ -207,9 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
 
-    from wattwatch import spool_cli, token_cli
+    from wattwatch import jobs_cli, spool_cli, token_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
+    jobs_cli.add_parser(sub, _fmt(), _add_reader_auth)
     spool_cli.add_parser(sub, _fmt())
     for parser in _subparsers(p):
         # Global options after the command too (`wattwatch report --home X`); SUPPRESS keeps one given
@@ -564,7 +565,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     if args.command in ("up", "collector"):
         changes.update(_retention_changes(args, settings))
     settings = dataclasses.replace(settings, **changes)
-    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run")
+    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run", "jobs")
     return resolve_token(settings) if needs_token else settings
 
 
@@ -617,6 +618,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch import report_cli
 
         return report_cli.run(args, settings)
+    if cmd == "jobs":
+        from wattwatch import jobs_cli
+
+        return jobs_cli.run(args, settings)
     if cmd == "doctor":
         return _doctor(args, settings)
     if cmd == "token":

@@ -97,7 +97,7 @@ def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
     if args.job and not report["jobs"] and _only_job(args):
         raise UsageError(
-            f"no job {args.job!r} (an id, id prefix or name) in this database; list jobs with `wattwatch report`"
+            f"no job {args.job!r} (an id, id prefix or name) in this database; list jobs with `wattwatch jobs`"
         )
     return report
 

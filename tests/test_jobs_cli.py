@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import WATTWATCH
 from report_data import JOBS, Filled, cli, fill
 from test_cli_ids import running_collector
 from wattwatch.report import format_energy
@@ -122,3 +123,8 @@ def test_output_writes_one_job_to_a_file(filled: Filled, tmp_path: Path) -> None
 def test_errors_are_one_line_exit_2(filled: Filled, args: list[str], needle: str) -> None:
     out = jobs(filled, *args, code=2)
     assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr, out.stderr
+
+
+def test_jobs_has_help_with_examples() -> None:
+    out = subprocess.run([*WATTWATCH, "jobs", "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and "examples:" in out.stdout and "wattwatch jobs 3f2a9c1e" in out.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from procs import WATTWATCH
+from procs import WATTWATCH, free_port
 from report_data import JOBS, Filled, cli, fill
 from test_cli_ids import running_collector
 from wattwatch.report import format_energy
@@ -217,3 +217,15 @@ def test_the_window_and_a_filter_narrow_the_totals(filled: Filled) -> None:
     assert [g["group"] for g in nlp["groups"]] == ["training"]
     assert nlp["totals"]["energy_j"] == pytest.approx(sum(j["energy_j"] for j in nlp["jobs"]), rel=1e-12)
     assert re.search(r"^TOTAL +2 jobs ", report(filled, "--label", "team=nlp").stdout, re.M)
+
+
+def test_the_demo_table_fits_100_columns(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR")}
+    env["WATTWATCH_HOME"] = str(tmp_path / "home")
+    argv = [*WATTWATCH, "demo", "--duration", "4", "--listen", f"127.0.0.1:{free_port()}"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.split("\n\n")[1].splitlines()  # after the demo's own lines
+    assert table[0].startswith("JOB ") and any(line.startswith("TOTAL ") for line in table)
+    assert max(len(line) for line in table) <= 100, table
+    assert "\x1b" not in out.stdout

@@ -207,10 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
 
-    from wattwatch import jobs_cli, spool_cli, token_cli
+    from wattwatch import spool_cli, token_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
-    jobs_cli.add_parser(sub, _fmt(), _add_reader_auth)
+    report_options.add_jobs_parser(sub, _fmt(), _add_reader_auth)
     spool_cli.add_parser(sub, _fmt())
     for parser in _subparsers(p):
         # Global options after the command too (`wattwatch report --home X`); SUPPRESS keeps one given

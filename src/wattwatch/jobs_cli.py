@@ -9,36 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from wattwatch import report_options
 from wattwatch.cli_errors import UsageError
 from wattwatch.config import Settings
-
-EPILOG = """examples:
-  wattwatch jobs                              jobs of the last 7 days, oldest first
-  wattwatch jobs --kind training --sort energy --since 30d
-  wattwatch jobs 3f2a9c1e                     one job: an id prefix as the list shows it, or a job name
-  wattwatch jobs llama-ft --format json       the job's full report entry"""
-
-
-def add_parser(
-    sub: Any, fmt: type[argparse.HelpFormatter], add_auth: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """Add ``jobs`` to the command parsers ``sub``; ``add_auth`` adds the token and CA options."""
-    p = sub.add_parser(
-        "jobs",
-        help="list jobs, or show one with its hosts, devices, phases and notes",
-        formatter_class=fmt,
-        epilog=EPILOG,
-    )
-    p.add_argument("ref", nargs="?", metavar="JOB", help="show this job: its id, a unique prefix of it, or its name")
-    report_options.add_source(p)
-    report_options.add_filters(p)
-    report_options.add_view(p, group_by=False)
-    add_auth(p)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -14,9 +14,10 @@ import csv
 import io
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from wattwatch import table_render
+if TYPE_CHECKING:
+    from wattwatch import table_render
 
 FORMATS = ("table", "json", "csv", "markdown")
 
@@ -244,6 +245,8 @@ def _rows(report: Mapping[str, Any], columns: Sequence[tuple[str, str, int]]) ->
 
 
 def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    from wattwatch import table_render
+
     return table_render.render([table_render.Column(h) for h in header], rows).text
 
 
@@ -311,6 +314,8 @@ def _group_table(report: Mapping[str, Any]) -> tuple[list[tuple[str, str, int]],
 
 
 def _columns(columns: Sequence[tuple[str, str, int]]) -> list[table_render.Column]:
+    from wattwatch import table_render
+
     out = []
     for key, title, drop in columns:
         if key == "name":
@@ -384,6 +389,8 @@ def carbon_lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def _table(report: Mapping[str, Any], *, width: int | None = None, color: bool = False) -> str:
+    from wattwatch import table_render
+
     grouped = report.get("groups") is not None
     if grouped:
         columns, rows = _group_table(report)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from wattwatch.cli_errors import UsageError
 from wattwatch.report_group import SORT_KEYS
@@ -96,8 +98,35 @@ def emit(text: str, args: argparse.Namespace, *, what: str = "") -> None:
 
 def table_style(args: argparse.Namespace) -> tuple[int | None, bool]:
     """(width, colour) for a table: stdout's, or a file's (no colour; $COLUMNS or 100 wide)."""
+    if args.format != "table":
+        return None, False  # the other formats neither fit nor colour: not even the import is paid
     from wattwatch import table_render
 
     if getattr(args, "output", None):
         return table_render.width_for(None, args.width), False
     return table_render.width_for(sys.stdout, args.width), table_render.wants_color(sys.stdout, no_color=args.no_color)
+
+
+JOBS_EPILOG = """examples:
+  wattwatch jobs                              jobs of the last 7 days, oldest first
+  wattwatch jobs --kind training --sort energy --since 30d
+  wattwatch jobs 3f2a9c1e                     one job: an id prefix as the list shows it, or a job name
+  wattwatch jobs llama-ft --format json       the job's full report entry"""
+
+
+def add_jobs_parser(
+    sub: Any, fmt: type[argparse.HelpFormatter], add_auth: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """Add ``jobs`` (``jobs_cli``) to the command parsers ``sub``; ``add_auth`` adds the token and CA options.
+    Here rather than in ``jobs_cli``, so building the parser for another command does not import that."""
+    p = sub.add_parser(
+        "jobs",
+        help="list jobs, or show one with its hosts, devices, phases and notes",
+        formatter_class=fmt,
+        epilog=JOBS_EPILOG,
+    )
+    p.add_argument("ref", nargs="?", metavar="JOB", help="show this job: its id, a unique prefix of it, or its name")
+    add_source(p)
+    add_filters(p)
+    add_view(p, group_by=False)
+    add_auth(p)

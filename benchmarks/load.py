@@ -510,14 +510,15 @@ def make_database(kind: str, tmp: Path) -> Database:
 
 
 def stored_rows(db: Database) -> int:
-    """Rows in energy_intervals, counted with plain SQL."""
+    """Intervals stored in raw_batches (a row per batch, its interval count beside it), with plain SQL."""
+    query = "SELECT coalesce(sum(n_intervals), 0) FROM raw_batches"
     if db.backend == "sqlite":
         with sqlite3.connect(db.url.removeprefix("sqlite:///")) as conn:
-            return int(conn.execute("SELECT count(*) FROM energy_intervals").fetchone()[0])
+            return int(conn.execute(query).fetchone()[0])
     import psycopg
 
     with psycopg.connect(db.psycopg_url) as conn:
-        row = conn.execute("SELECT count(*) FROM energy_intervals").fetchone()
+        row = conn.execute(query).fetchone()
         return int(row[0]) if row else 0
 
 

@@ -24,7 +24,7 @@ from wattwatch.config import Settings
 from wattwatch.standalone import Collector
 from wattwatch.storage import tokens
 from wattwatch.storage.engine import make_engine
-from wattwatch.storage.tables import energy_intervals, hosts
+from wattwatch.storage.tables import hosts, raw_batches
 
 pytestmark = pytest.mark.e2e
 
@@ -282,7 +282,7 @@ def test_agent_to_collector_over_https_with_a_custom_ca(
     engine = make_engine(sqlite_url)
     try:
         with engine.connect() as conn:
-            assert conn.execute(select(energy_intervals.c.id)).first() is not None
+            assert conn.execute(select(raw_batches.c.id)).first() is not None
     finally:
         engine.dispose()
     # `report --server` with a reader token from a file and the CA; without the CA, one line, exit 2.

@@ -62,8 +62,8 @@ def stored(engine: Engine) -> dict[str, Any]:
     """Raw rows, batch keys and rolled-up joules (jobs + idle), read with plain SQL."""
     with engine.connect() as conn:
         return {
-            "intervals": conn.execute(text("SELECT count(*) FROM energy_intervals")).scalar_one(),
-            "raw_j": float(conn.execute(text("SELECT coalesce(sum(energy_j), 0) FROM energy_intervals")).scalar_one()),
+            "intervals": conn.execute(text("SELECT coalesce(sum(n_intervals), 0) FROM raw_batches")).scalar_one(),
+            "raw_j": float(conn.execute(text("SELECT coalesce(sum(energy_j), 0) FROM raw_batches")).scalar_one()),
             "keys": {tuple(r) for r in conn.execute(text("SELECT agent_id, seq FROM ingested_batches"))},
             "rolled_j": float(
                 conn.execute(text("SELECT coalesce(sum(energy_j), 0) FROM job_device_energy")).scalar_one()

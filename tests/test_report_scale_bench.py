@@ -1,5 +1,5 @@
 """A reduced run of benchmarks/report_scale.py on SQLite: it prints its command and two tables of finite
-figures, and the history it fills holds what it says (jobs, devices, raw rows counted by SQL)."""
+figures, and the history it fills holds what it says (jobs, devices, raw intervals decoded back)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import report_scale
 from test_benchmark_tables import check_table, tables
 from wattwatch.storage import migrate
 from wattwatch.storage.engine import make_engine
+from wattwatch.storage.raw_batches import read_intervals
 
 
 def test_report_scale_prints_its_tables(capsys: pytest.CaptureFixture[str]) -> None:
@@ -35,7 +36,7 @@ def test_report_scale_prints_its_tables(capsys: pytest.CaptureFixture[str]) -> N
         "idle fold",
     )
     check_table(reads, header, 1)
-    check_table(sizes, ("database", "energy_intervals per 1M", *report_scale.SIZE_TABLES[1:]), 1)
+    check_table(sizes, ("database", "raw_batches per 1M intervals", *report_scale.SIZE_TABLES[1:]), 1)
 
 
 def test_fill_holds_what_it_says(tmp_path: Path) -> None:
@@ -46,9 +47,11 @@ def test_fill_holds_what_it_says(tmp_path: Path) -> None:
         ids = report_scale.fill(engine, intervals=1234, jobs=17, hosts=3, days=2, now_s=time.time())
         with engine.connect() as conn:
             count = {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in ("jobs", "devices")}
-            raw = conn.execute(text("SELECT count(*) FROM energy_intervals")).scalar_one()
+            raw = sum(1 for _ in read_intervals(conn))
+            hosts = {r.host for r in read_intervals(conn)}
             per_job = conn.execute(text("SELECT count(*) FROM job_device_energy")).scalar_one()
     finally:
         engine.dispose()
     assert len(set(ids)) == 17 and count == {"jobs": 17, "devices": 3 * 9}
     assert raw == 1234 and per_job == 17 * 9
+    assert hosts == {"node0000", "node0001", "node0002"}

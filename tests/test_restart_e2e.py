@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 from procs import WATTWATCH, free_port, wait_for
 from wattwatch.sdk import AgentClient
 from wattwatch.sim.fleet import SimulatedFleet
+from wattwatch.storage.raw_batches import read_intervals
 
 pytestmark = pytest.mark.e2e
 
@@ -165,12 +166,11 @@ def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, 
     engine = create_engine(db_url)
     try:
         with engine.connect() as conn:
-            flags = conn.execute(
-                text(
-                    "SELECT d.key, i.flags, i.t_end_s - i.t_start_s FROM energy_intervals i "
-                    "JOIN devices d ON d.id = i.device_id WHERE i.flags LIKE '%restart%'"
-                )
-            ).all()
+            flags = [
+                (r.interval.device, ",".join(r.interval.flags), r.interval.t_end_s - r.interval.t_start_s)
+                for r in read_intervals(conn)
+                if any("restart" in f for f in r.interval.flags)
+            ]
     finally:
         engine.dispose()
     bridged = {key: gap_s for key, f, gap_s in flags if f == "restart_bridged"}

@@ -23,8 +23,9 @@ from wattwatch.config import Settings
 from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import migrate
 from wattwatch.storage.engine import make_engine
+from wattwatch.storage.raw_batches import read_intervals
 from wattwatch.storage.retention import DAY_S, prune
-from wattwatch.storage.tables import energy_intervals, ingested_batches, job_ticks, queries
+from wattwatch.storage.tables import energy_intervals, ingested_batches, job_ticks, queries, raw_batches
 
 RETENTION_DAYS = 14.0
 # The old job runs at T0, the new one AGE_DAYS later; the prune runs an hour after that.
@@ -86,6 +87,12 @@ def count(engine: Engine, table: Any, where: Any) -> int:
         return len(conn.execute(select(table).where(where)).all())
 
 
+def raw_intervals(engine: Engine, **window: float) -> int:
+    """Raw intervals stored in ``raw_batches`` (decoded) within the window."""
+    with engine.connect() as conn:
+        return sum(1 for _ in read_intervals(conn, **window))
+
+
 def host_series(client: TestClient) -> dict[tuple[str, str], float]:
     text_ = client.get("/metrics").text
     out: dict[tuple[str, str], float] = {}
@@ -114,8 +121,9 @@ def test_prune_deletes_past_retention_and_keeps_rollups(
     stored: tuple[TestClient, FakeClock], db_engine: Engine
 ) -> None:
     client, _clock = stored
-    old = (energy_intervals.c.t_end_s < NEW_S - DAY_S, job_ticks.c.t_end_s < NEW_S - DAY_S)
-    assert count(db_engine, energy_intervals, old[0]) == 2 * SECONDS  # the old job's raw rows are there
+    old = (raw_batches.c.t_end_s < NEW_S - DAY_S, job_ticks.c.t_end_s < NEW_S - DAY_S)
+    assert count(db_engine, raw_batches, old[0]) == 1  # the old job's batch is there, every interval in it
+    assert raw_intervals(db_engine, until_s=NEW_S - DAY_S) == 2 * SECONDS
     assert count(db_engine, job_ticks, old[1]) >= 1
     assert count(db_engine, queries, queries.c.job_id == "old") == 1
     rollups_before = {t: dump(db_engine, t) for t in ROLLUPS}
@@ -135,14 +143,15 @@ def test_prune_deletes_past_retention_and_keeps_rollups(
     assert result is not None and result.complete
 
     # Past retention: gone.
-    assert count(db_engine, energy_intervals, old[0]) == 0
+    assert count(db_engine, raw_batches, old[0]) == 0
+    assert raw_intervals(db_engine, until_s=NEW_S - DAY_S) == 0
     assert count(db_engine, job_ticks, old[1]) == 0
     assert count(db_engine, queries, queries.c.job_id == "old") == 0
     assert count(db_engine, ingested_batches, ingested_batches.c.seq == 1) == 0
-    assert result.deleted["energy_intervals"] == 2 * SECONDS
+    assert result.deleted["raw_batches"] == 1
     assert result.deleted["ingested_batches"] == 1
     # Within retention: kept.
-    assert count(db_engine, energy_intervals, energy_intervals.c.t_start_s >= NEW_S) == 2 * SECONDS
+    assert raw_intervals(db_engine, since_s=NEW_S) == 2 * SECONDS
     assert count(db_engine, queries, queries.c.job_id == "new") == 1
     assert count(db_engine, ingested_batches, ingested_batches.c.seq == 2) == 1
     # Rollups of finished jobs and totals: unchanged, row for row, and so every figure read from them.
@@ -184,8 +193,8 @@ def test_timer_prunes_at_startup(settings: Settings, db_engine: Engine) -> None:
         assert app.state.retention.running
         assert app.state.retention.passed.wait(timeout=30), "the first timed prune pass did not run"
         assert app.state.retention.last is not None
-        assert app.state.retention.last.deleted["energy_intervals"] == 2 * SECONDS
-    assert count(db_engine, energy_intervals, energy_intervals.c.id > 0) == 0
+        assert app.state.retention.last.deleted["raw_batches"] == 1
+    assert count(db_engine, raw_batches, raw_batches.c.id > 0) == 0
 
 
 def test_retention_zero_keeps_everything(settings: Settings, db_engine: Engine) -> None:
@@ -197,21 +206,39 @@ def test_retention_zero_keeps_everything(settings: Settings, db_engine: Engine) 
         clock.t_s = T0 + 1000 * DAY_S
         assert not app.state.retention.running
         assert app.state.retention.run_once() is None
-    assert count(db_engine, energy_intervals, energy_intervals.c.id > 0) == 2 * SECONDS
+    assert raw_intervals(db_engine) == 2 * SECONDS
+
+
+def legacy_rows(engine: Engine, t0_s: float, n: int) -> None:
+    """Row-per-interval raw rows as a collector before revision 0010 wrote them."""
+    with engine.begin() as conn:
+        conn.execute(
+            energy_intervals.insert(),
+            [
+                {"device_id": 1, "t_start_s": t0_s + i, "t_end_s": t0_s + i + 1, "energy_j": 1.0, "source": "counter"}
+                for i in range(n)
+            ],
+        )
 
 
 def test_prune_in_chunks_deletes_all(stored: tuple[TestClient, FakeClock], db_engine: Engine) -> None:
     """Small chunks: many short transactions, the same end state; a spent budget stops early, incomplete."""
     _client, clock = stored
+    # Old raw rows of both kinds: the old job's batch, and row-per-interval rows a pre-0010 collector wrote
+    # (past retention, so pruned by the same rule), old and new.
+    legacy_rows(db_engine, T0, 2 * SECONDS)
+    legacy_rows(db_engine, NEW_S, 4)
     common = {"now_s": clock(), "retention_s": RETENTION_DAYS * DAY_S, "past_s": 2 * DAY_S, "future_s": DAY_S}
-    ticks = iter(range(1000))  # each look at the clock: a second later; the budget: one fold, two chunks
-    partial = prune(db_engine, chunk_rows=3, budget_s=3.5, monotonic=lambda: float(next(ticks)), **common)
+    ticks = iter(range(1000))  # each look at the clock: a second later; the budget: one fold, three chunks
+    partial = prune(db_engine, chunk_rows=3, budget_s=4.5, monotonic=lambda: float(next(ticks)), **common)
     assert not partial.complete
-    assert partial.deleted == {"idle_energy_hours_folded": 1, "energy_intervals": 6}
+    assert partial.deleted == {"idle_energy_hours_folded": 1, "raw_batches": 1, "energy_intervals": 6}
     result = prune(db_engine, chunk_rows=3, **common)
     assert result.complete
     assert partial.deleted["energy_intervals"] + result.deleted["energy_intervals"] == 2 * SECONDS
     assert count(db_engine, energy_intervals, energy_intervals.c.t_start_s < NEW_S) == 0
+    assert count(db_engine, energy_intervals, energy_intervals.c.t_start_s >= NEW_S) == 4
+    assert count(db_engine, raw_batches, raw_batches.c.t_start_s < NEW_S) == 0
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "99999"])
@@ -246,6 +273,7 @@ def test_migration_0008_fills_device_totals_from_rollups(db_url: str) -> None:
             conn.execute(text("DROP TABLE device_energy"))
             conn.execute(text("DROP INDEX ix_idle_energy_hour_s"))
             conn.execute(text("ALTER TABLE hosts DROP COLUMN grid_region"))  # 0009, which follows 0008
+            conn.execute(text("DROP TABLE raw_batches"))  # 0010
             conn.execute(text("UPDATE alembic_version SET version_num = '0007'"))
             conn.execute(text("INSERT INTO hosts (id, name, first_seen_s, last_seen_s) VALUES (1, 'h', 0, 0)"))
             conn.execute(text("INSERT INTO devices (id, host_id, key, kind, \"index\") VALUES (1, 1, 'g', 'gpu', 0)"))

@@ -21,11 +21,12 @@ from wattwatch import wire
 from wattwatch.errors import StorageError
 from wattwatch.storage import migrate, repository
 from wattwatch.storage.engine import check_ready, make_engine, normalize_url
+from wattwatch.storage.raw_batches import read_intervals
 from wattwatch.storage.span_energy import compute_span_energy
 from wattwatch.storage.spans import pack_ticks, unpack_ticks
 from wattwatch.storage.tables import (
     DATA_TABLES,
-    energy_intervals,
+    devices,
     idle_energy,
     job_device_energy,
     job_ticks,
@@ -272,13 +273,11 @@ def test_rollups_conserve_device_energy(db_engine: Engine) -> None:
     for b in _random_batches(random.Random(7), 5):
         repository.ingest_batch(db_engine, b, received_at_s=T0)
     with db_engine.connect() as conn:
-        raw = dict(
-            conn.execute(
-                select(energy_intervals.c.device_id, func.sum(energy_intervals.c.energy_j)).group_by(
-                    energy_intervals.c.device_id
-                )
-            ).all()
-        )
+        # Raw energy per device, summed here from the stored raw batches (device key -> the device's id).
+        ids = dict(conn.execute(select(devices.c.key, devices.c.id)).all())
+        raw: dict[int, float] = {}
+        for r in read_intervals(conn):
+            raw[ids[r.interval.device]] = raw.get(ids[r.interval.device], 0.0) + r.interval.energy_j
         jobs_j = dict(
             conn.execute(
                 select(job_device_energy.c.device_id, func.sum(job_device_energy.c.energy_j)).group_by(

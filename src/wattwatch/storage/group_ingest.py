@@ -23,13 +23,11 @@ from sqlalchemy import Connection, Engine, func, select, tuple_
 
 from wattwatch import grid, wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
+from wattwatch.storage import raw_batches, tables
 from wattwatch.storage.dialect import append_rows, greatest, upsert, upsert_rows
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
 from wattwatch.storage.spans import record_spans, record_ticks_many
-from wattwatch.storage.tables import agents, devices, energy_intervals, hosts, ingested_batches
-
-FLAGS_MAX_CHARS = 200
-INTERVAL_COLUMNS = ("device_id", "t_start_s", "t_end_s", "energy_j", "source", "flags")
+from wattwatch.storage.tables import agents, devices, hosts, ingested_batches
 
 
 @dataclass(frozen=True)
@@ -212,7 +210,7 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     device_ids = _upsert_devices(conn, items, host_ids, cache)
     _upsert_jobs(conn, items)
 
-    interval_rows: list[tuple[Any, ...]] = []
+    raw_rows: list[tuple[Any, ...]] = []
     jde: dict[tuple[str, int], tuple[float, float, set[str]]] = {}
     job_hosts: dict[tuple[str, int], JobHostTotals] = {}
     idle: dict[tuple[int, float], float] = {}
@@ -221,10 +219,9 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
         batch = item.batch
         host_id = host_ids[batch.host]
         dev = device_ids[host_id]
-        interval_rows.extend(
-            (dev[iv.device], iv.t_start_s, iv.t_end_s, iv.energy_j, iv.source, ",".join(iv.flags)[:FLAGS_MAX_CHARS])
-            for iv in batch.intervals
-        )
+        raw = raw_batches.batch_row(host_id, batch, item.received_at_s)
+        if raw is not None:
+            raw_rows.append(raw)
         rollup = rollup_intervals(batch.intervals)
         for (job_id, key), t in rollup.job_device.items():
             e, p, s = jde.get((job_id, dev[key]), (0.0, 0.0, set()))
@@ -245,7 +242,7 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
         for tick, energy_j in rollup.job_ticks_j.items():
             host_ticks[tick] = host_ticks.get(tick, 0.0) + energy_j
 
-    append_rows(conn, energy_intervals, INTERVAL_COLUMNS, interval_rows)
+    append_rows(conn, tables.raw_batches, raw_batches.COLUMNS, raw_rows)
     repo.add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
     repo.add_job_hosts(conn, job_hosts)
     repo.add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])

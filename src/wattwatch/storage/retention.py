@@ -2,9 +2,10 @@
 
 What each table is for, and so what may go (docs/retention-readme.md says it for operators):
 
-- ``energy_intervals``, the raw intervals: written on every batch and read by nothing (the rollups are
-  made at ingest, and a raw row holds no job shares, so rollups could not be rebuilt from it anyway).
-  Kept ``retention_s`` (default 14 days) for audits and ad-hoc SQL, then deleted.
+- ``raw_batches``, the raw intervals (one row per batch, shares included: ``storage.raw_batches``):
+  read by no report (the rollups are made at ingest), kept ``retention_s`` (default 14 days) for audits
+  and rebuilds, then deleted. ``energy_intervals``, the row-per-interval record of revisions before 0010,
+  is no longer written; its old rows go by the same rule.
 - ``job_ticks``, ``queries``, ``query_counts`` and ``span_waiting``: the inputs of the span-energy pass.
   A span window is recomputed when late data reaches it, and late data is accepted as far back as the
   collector's time window (``time_window_past_s``, default 30 days). So these go only once older than
@@ -30,11 +31,11 @@ Each statement deletes at most ``chunk_rows`` rows and commits, so the pass neve
 (SQLite's single writer) or builds a large transaction; ingest interleaves between chunks. A pass that
 runs out of ``budget_s`` stops and reports ``complete=False``; the next pass carries on.
 
-Why not PostgreSQL partitions: a dropped day partition is cheaper than deletes, but ``energy_intervals``
-is COPYed into by the ingest path and its primary key would have to include the partition column; the
-chunked delete is the same code on both backends and bounded per statement. Nothing in the schema
-prevents partitioning ``energy_intervals`` by ``t_start_s`` later (no foreign key points at it since
-revision 0007, and nothing reads it by ``id``).
+Why not PostgreSQL partitions: a dropped day partition is cheaper than deletes, but with a row per batch
+the raw table holds about 300 times fewer rows than it did with a row per interval, so a chunked delete
+is cheap, and it is the same code on both backends and bounded per statement. Nothing in the schema
+prevents partitioning ``raw_batches`` by ``t_start_s`` later (no foreign key points at it, and nothing
+reads it by ``id``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from wattwatch.storage.tables import (
     job_ticks,
     queries,
     query_counts,
+    raw_batches,
     span_posts,
     span_waiting,
 )
@@ -71,7 +73,7 @@ DEFAULT_INTERVAL_S = 600.0
 class Cutoffs:
     """Rows whose time is before these (epoch seconds) are past retention."""
 
-    raw_s: float  # energy_intervals (t_end_s)
+    raw_s: float  # raw_batches and energy_intervals (t_end_s)
     late_s: float  # span inputs: job_ticks, queries, query_counts (t_end_s), span_waiting (bucket_s)
     keys_s: float  # ingested_batches, span_posts (received_at_s)
 
@@ -101,6 +103,7 @@ class PruneResult:
 def _targets(c: Cutoffs) -> list[tuple[Table, Column[float], float]]:
     # Raw first: the largest by far, and the one the retention is about.
     return [
+        (raw_batches, raw_batches.c.t_end_s, c.raw_s),
         (energy_intervals, energy_intervals.c.t_end_s, c.raw_s),
         (job_ticks, job_ticks.c.t_end_s, c.late_s),
         (queries, queries.c.t_end_s, c.late_s),

@@ -1,8 +1,10 @@
 """The schema, as SQLAlchemy Core tables. Migrations create it; code reads and writes through these.
 
 Times are Unix epoch seconds (``*_s``, Float) and energies joules (``*_j``, Float), like the wire
-format, so nothing is converted between agent, database and report. ``energy_intervals`` is the raw
-record; ``job_device_energy``, ``job_hosts``, ``idle_energy`` and ``job_query_totals`` are rollups
+format, so nothing is converted between agent, database and report. ``raw_batches`` is the raw record
+(every batch's intervals with their shares, one row per batch: ``storage.raw_batches``; revisions before
+0010 wrote a row per interval into ``energy_intervals``, kept until retention empties it);
+``job_device_energy``, ``job_hosts``, ``idle_energy`` and ``job_query_totals`` are rollups
 that ingest keeps current, so reports read O(jobs) rows, never the raw intervals.
 
 Per-span energy (``storage.span_energy``): ``job_ticks`` is each job's energy timeline, ``queries``
@@ -104,6 +106,28 @@ energy_intervals = Table(
     Column("source", String(16), nullable=False),
     Column("flags", String(200), nullable=False, default=""),
     Index(None, "device_id", "t_start_s"),
+)
+
+raw_batches = Table(
+    "raw_batches",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    # hosts.id, without a foreign key (like energy_intervals since 0007: checked per row, it guarded nothing).
+    Column("host_id", Integer, nullable=False),
+    Column("agent_id", String(200), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("received_at_s", Float, nullable=False),
+    # The batch's earliest interval start and latest end, how many it holds and their energy summed, so
+    # ad-hoc SQL can total raw energy per host and time without decoding ``body``.
+    Column("t_start_s", Float, nullable=False),
+    Column("t_end_s", Float, nullable=False),
+    Column("n_intervals", Integer, nullable=False),
+    Column("energy_j", Float, nullable=False),
+    # How ``body`` is encoded (storage.raw_batches.FORMAT_ZLIB_MSGPACK = 1).
+    Column("format", Integer, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Index(None, "host_id", "t_start_s"),
+    Index(None, "t_end_s"),
 )
 
 job_device_energy = Table(
@@ -327,6 +351,7 @@ DATA_TABLES = (
     "job_hosts",
     "job_device_energy",
     "energy_intervals",
+    "raw_batches",
     "jobs",
     "devices",
     "hosts",

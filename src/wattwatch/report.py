@@ -221,7 +221,14 @@ def footnotes(report: Mapping[str, Any]) -> list[str]:
 
 def _job_columns(report: Mapping[str, Any]) -> list[tuple[str, str, int]]:
     jobs = report.get("jobs", [])
-    return [c for c in _COLUMNS if c[0] not in _OPTIONAL or any(j.get(c[0]) is not None for j in jobs)]
+    shown = [c for c in _COLUMNS if c[0] not in _OPTIONAL or any(j.get(c[0]) is not None for j in jobs)]
+    return [(k, _cost_title(report) if k == "cost" else t, d) for k, t, d in shown]
+
+
+def _cost_title(report: Mapping[str, Any]) -> str:
+    """``COST EUR``: the currency the carbon section states, when it does."""
+    currency = (report.get("carbon") or {}).get("currency")
+    return f"COST {currency}" if currency else "COST"
 
 
 def _total_cells(report: Mapping[str, Any], keys: Sequence[str]) -> list[str] | None:
@@ -298,7 +305,11 @@ def _group_table(report: Mapping[str, Any]) -> tuple[list[tuple[str, str, int]],
     groups = report.get("groups") or []
     priced = any(g.get("cost") is not None for g in groups)
     columns = [
-        (k, _group_title(report.get("group_by") or "") if k == "group" else t, d)
+        (
+            k,
+            _group_title(report.get("group_by") or "") if k == "group" else _cost_title(report) if k == "cost" else t,
+            d,
+        )
         for k, t, d in _GROUP_COLUMNS
         if k != "cost" or priced
     ]

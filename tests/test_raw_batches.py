@@ -4,6 +4,7 @@ shares included, and the rollups reports read can be rebuilt from them, on SQLit
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, text
@@ -84,3 +85,35 @@ def test_encoding_round_trip_and_unknown_format() -> None:
     assert decode_intervals(body) == ivs
     with pytest.raises(ValueError, match="format 2 is not known"):
         decode_intervals(body, 2)
+
+
+@pytest.mark.postgres
+def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
+    """``dialect.pg_array`` (the upserts' parameters) against PostgreSQL's own parser: awkward strings, NULLs,
+    floats that must round-trip to the bit, booleans."""
+    from sqlalchemy import JSON, BigInteger, Boolean, Float, String
+
+    from wattwatch.storage.dialect import pg_array
+    from wattwatch.storage.engine import make_engine
+
+    cases: list[tuple[Any, str, list[Any]]] = [
+        (String(), "text", ['a"b', "c\\d", "x,y", "{z}", "NULL", "", " sp "]),
+        (String(), "text", ["job-1", "gcp:europe-west9", "a/b@c"]),
+        (String(), "text", ["x", None]),
+        (Float(), "float8", [0.1, 1e-300, 123456.789, 2.0**60, -0.0, 1 / 3]),
+        (Float(), "float8", [1.5, None]),
+        (BigInteger(), "int8", [0, 2**62, -5]),
+        (Boolean(), "bool", [True, False]),
+        (JSON(), "json", [{}, {"team": 'a"b', "k": "\\"}, None]),
+    ]
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            for type_, pg_type, values in cases:
+                got = conn.exec_driver_sql(
+                    f"SELECT array_agg(x ORDER BY n) FROM unnest(%(a)s::{pg_type}[]) WITH ORDINALITY AS t(x, n)",
+                    {"a": pg_array(values, type_)},
+                ).scalar_one()
+                assert got == values, (pg_type, values)
+    finally:
+        engine.dispose()

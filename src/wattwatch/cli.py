@@ -207,11 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(upg)
 
-    from wattwatch import spool_cli, token_cli
+    from wattwatch import completion, spool_cli, token_cli, top_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
     report_options.add_jobs_parser(sub, _fmt(), _add_reader_auth)
     spool_cli.add_parser(sub, _fmt())
+    top_cli.add_parser(sub, _fmt(), _add_token)
+    completion.add_parser(sub, _fmt())
     for parser in _subparsers(p):
         # Global options after the command too (`wattwatch report --home X`); SUPPRESS keeps one given
         # before the command when it is not repeated after.
@@ -436,6 +438,15 @@ def _add_listen(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wattwatch`` console script."""
+    code = _main(argv)
+    if argv is None:  # a process of its own: a read-only command ends without the teardown (quick_exit)
+        from wattwatch import quick_exit
+
+        return quick_exit.finish(code, sys.argv[1:])
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     negative = _negative_duration(argv)
     if negative:
@@ -565,7 +576,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     if args.command in ("up", "collector"):
         changes.update(_retention_changes(args, settings))
     settings = dataclasses.replace(settings, **changes)
-    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run", "jobs")
+    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run", "top", "jobs")
     return resolve_token(settings) if needs_token else settings
 
 
@@ -632,6 +643,15 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch import spool_cli
 
         return spool_cli.run(args, settings)
+    if cmd == "top":
+        from wattwatch import top_cli
+
+        return top_cli.run(args, settings)
+    if cmd == "completion":
+        from wattwatch import completion
+
+        sys.stdout.write(completion.script(build_parser(), args.shell))
+        return 0
     if cmd == "db":
         if args.db_command != "upgrade":
             raise UsageError("say what to do with the database, e.g. `wattwatch db upgrade`")
@@ -664,7 +684,7 @@ def _check_simulate(n: int) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch import carbon_policy, demo, report_group, table_render
+    from wattwatch import carbon_policy, demo, progress, report_group, table_render
     from wattwatch.report import render
     from wattwatch.standalone import run_up
     from wattwatch.storage.engine import check_ready
@@ -678,7 +698,9 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         f"wattwatch demo: {demo.DEMO_GPUS} simulated GPUs; training on GPU 0-1, inference on GPU 2, "
         f"GPU 3 idle; running {'until Ctrl-C' if not args.duration else f'{args.duration:g} s'}"
     )
-    run_up(settings, simulate=demo.DEMO_GPUS, flaws=flaws, driver=demo.drive, duration_s=args.duration or None)
+    # A status line on stderr while it runs (elapsed, remaining, energy so far): `progress`.
+    driver = progress.demo_driver(demo.drive, args.duration or None)
+    run_up(settings, simulate=demo.DEMO_GPUS, flaws=flaws, driver=driver, duration_s=args.duration or None)
     engine = check_ready(settings.resolved_db_url)
     try:
         report = build_report(engine, since_s=started_s, carbon=carbon_policy.from_settings(settings))

@@ -142,15 +142,19 @@ def build_agent(
 
 
 class StopFlag:
-    """Set by SIGINT/SIGTERM; the main thread waits on it."""
+    """Set by SIGINT/SIGTERM; the main thread waits on it. A second signal sets ``again``: stop pushing the
+    spool at shutdown (what is left stays in it for the next start)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
+        self.again = threading.Event()
 
     def install(self) -> None:
         """Route SIGINT and SIGTERM to this flag (main thread only)."""
 
         def handler(signum: int, frame: FrameType | None) -> None:
+            if self.event.is_set():
+                self.again.set()
             self.event.set()
 
         signal.signal(signal.SIGINT, handler)
@@ -305,7 +309,7 @@ def run_up(
             drv.join(timeout=15)
     finally:
         announce("wattwatch up: stopping; pushing the last measurements")
-        agent.stop()
+        agent.stop(say=_say("wattwatch up"), give_up=stop.again)
         collector.stop()
 
 
@@ -435,7 +439,20 @@ def run_agent(
     try:
         stop.event.wait()
     finally:
-        parts.agent.stop()
+        if parts.agent.spool.pending():
+            announce("wattwatch agent: stopping; pushing what the spool holds (Ctrl-C again: keep it for next start)")
+        parts.agent.stop(say=_say("wattwatch agent"), give_up=stop.again)
+
+
+def _say(prefix: str) -> Callable[[str], None]:
+    """Lines for the user on stderr (shutdown progress), beside the log but without its timestamps."""
+    import sys
+
+    def say(line: str) -> None:
+        sys.stderr.write(f"{prefix}: {line}\n")
+        sys.stderr.flush()
+
+    return say
 
 
 def _mask(url: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 from typing import Annotated, Literal, TypeVar
 
 import msgspec
@@ -45,7 +46,15 @@ Tokens = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_TOKENS)]
 Seq = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_SEQ)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, pattern=limits.NO_NUL)]
 Text = Annotated[str, msgspec.Meta(max_length=limits.MAX_NAME_CHARS, pattern=limits.NO_NUL)]
-Key = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9_.:@/-]+$")]
+KEY_PATTERN = r"^[A-Za-z0-9_.:@/-]+$"
+Key = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, pattern=KEY_PATTERN)]
+# A Key whose pattern ``Batch`` checks once per distinct value instead of msgspec once per occurrence: an
+# interval's device and job ids repeat in every interval, and the per-string regex was half of decoding
+# a batch (Python's re, called by msgspec). An Interval decoded outside a Batch does not check it.
+KeyRef = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, description=f"matching {KEY_PATTERN}")
+]
+_key_re = re.compile(KEY_PATTERN)
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_LABEL_KEY_CHARS, pattern=limits.NO_NUL)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=limits.MAX_LABEL_VALUE_CHARS, pattern=limits.NO_NUL)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=limits.MAX_LABELS)]
@@ -81,12 +90,12 @@ class Interval(msgspec.Struct, forbid_unknown_fields=True):
     the whole interval is idle. ``flags`` records anything unusual (``counter_reset``).
     """
 
-    device: Key
+    device: KeyRef
     t_start_s: Epoch_s
     t_end_s: Epoch_s
     energy_j: Energy_j
     source: Source
-    shares: Annotated[dict[Key, Weight], msgspec.Meta(max_length=limits.MAX_SHARES)] = {}
+    shares: Annotated[dict[KeyRef, Weight], msgspec.Meta(max_length=limits.MAX_SHARES)] = {}
     idle_weight: Weight = 0.0
     flags: Annotated[list[Flag], msgspec.Meta(max_length=limits.MAX_FLAGS)] = []
 
@@ -177,10 +186,17 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.version != WIRE_VERSION:
             raise ValueError(f"@version: unsupported wire version {self.version}; this collector speaks {WIRE_VERSION}")
+        # Devices' keys are Keys (checked by msgspec): an interval's device listed among them is one too.
         known = {d.key for d in self.devices}
+        job_ids: set[str] = set()
         for i, iv in enumerate(self.intervals):
             if iv.device not in known:
                 raise ValueError(f"@intervals[{i}].device: {iv.device!r} is not listed in devices")
+            job_ids.update(iv.shares)
+        bad = [job_id for job_id in job_ids if not _key_re.match(job_id)]
+        if bad:
+            i = next(i for i, iv in enumerate(self.intervals) if any(job_id in iv.shares for job_id in bad))
+            raise ValueError(f"@intervals[{i}].shares: a key: Expected `str` matching regex {KEY_PATTERN!r}")
 
 
 _encoder = msgspec.json.Encoder()

@@ -332,9 +332,20 @@ class Agent:
             self.settings.collector_url,
         )
 
-    def stop(self, flush_timeout_s: float = 10.0) -> None:
+    def stop(
+        self,
+        flush_timeout_s: float = 10.0,
+        *,
+        say: Callable[[str], None] | None = None,
+        give_up: threading.Event | None = None,
+    ) -> None:
         """Close the last intervals, end discovered jobs, spool them and push what the collector will take;
-        idempotent."""
+        idempotent.
+
+        The spool is drained for at most ``flush_timeout_s``, and only while rounds make progress: a
+        collector that is away or takes nothing leaves the batches in the spool for the next start at once
+        (a Ctrl-C must not hang on it), as does ``give_up`` being set (a second Ctrl-C). ``say`` is told
+        how many batches are left (default: the log)."""
         if self._stopped:
             return
         self._stopped = True
@@ -357,16 +368,7 @@ class Agent:
         if self._settler is not None:
             self._settler.close()  # already done by the stop event, unless the worker is stuck
         self.seal()
-        deadline = time.monotonic() + flush_timeout_s
-        while self.spool.pending() and time.monotonic() < deadline:
-            if self.pusher.push_pending(force=True):
-                break  # what is left waits for its own retry (agent.poison): the next start tries it again
-            time.sleep(0.2)
-        left = self.spool.pending()
-        if left:
-            log.warning(
-                "%d batches not yet accepted by the collector stay in %s for the next start", left, self.spool.path
-            )
+        self._drain(flush_timeout_s, say, give_up)
         self.pusher.close()
         if self.scraper is not None:
             self.scraper.close()
@@ -376,13 +378,42 @@ class Agent:
             sensor.close()
         self.spool.close()
 
+    def _drain(self, timeout_s: float, say: Callable[[str], None] | None, give_up: threading.Event | None) -> None:
+        """Push the spool at shutdown while the collector takes batches (see ``stop``); say what is left."""
+        tell = say or (lambda line: log.warning("%s", line))
+        left = self.spool.pending()
+        started = time.monotonic()
+        told = started
+        if left > 1:
+            tell(f"pushing the {left} batches left in the spool to {self.settings.collector_url}")
+        while left and time.monotonic() - started < timeout_s and not (give_up and give_up.is_set()):
+            if self.pusher.push_pending(force=True):
+                break  # what is left waits for its own retry (agent.poison): the next start tries it again
+            now_left = self.spool.pending()
+            if now_left >= left:
+                break  # nothing landed: the collector is away or refusing; waiting would only delay the stop
+            left = now_left
+            if time.monotonic() - told >= 1.0:
+                told = time.monotonic()
+                tell(f"{left} batches left to push")
+        left = self.spool.pending()
+        if left:
+            why = f" ({self.pusher.stats.last_error})" if self.pusher.stats.last_error else ""
+            tell(
+                f"{left} batches not yet accepted by the collector{why} stay in {self.spool.path} for the next "
+                "start; nothing is lost"
+            )
+        elif time.monotonic() - started >= 1.0:
+            tell("spool drained: the collector has every batch")
+
     # -- local API -----------------------------------------------------------------------------------
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Answer one local-API request (see ``agent.local_api``)."""
         op = msg.get("op")
         if op == "ping":
-            return {"ok": True, "host": self.host, "agent_id": self.agent_id}
+            # The collector it pushes to: `wattwatch top` reads it there.
+            return {"ok": True, "host": self.host, "agent_id": self.agent_id, "collector": self.settings.collector_url}
         if op == "job_start":
             return self.job_start(msg)
         if op == "job_end":

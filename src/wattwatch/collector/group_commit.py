@@ -54,7 +54,7 @@ class GroupCommitter:
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self.groups = 0  # transactions committed (for tests and the curious)
-        self._caches = threading.local()
+        self._device_cache = DeviceCache()
 
     def submit(self, batch: wire.Batch, received_at_s: float) -> IngestResult:
         """Store ``batch`` (with the others queued now); raise what refused it (AgentIdTaken, KeyReused,
@@ -135,11 +135,8 @@ class GroupCommitter:
         raise AssertionError("unreachable")
 
     def _cache(self) -> DeviceCache:
-        # One per thread: a cache stages the ids of its thread's running transaction.
-        cache = getattr(self._caches, "cache", None)
-        if cache is None:
-            cache = self._caches.cache = DeviceCache()
-        return cache
+        # One for every writer thread (it stages each thread's running transaction apart).
+        return self._device_cache
 
     def _isolate(self, group: list[Pending], exc: Exception) -> list[Outcome | Exception]:
         if len(group) == 1:

@@ -213,4 +213,63 @@ class Readiness(msgspec.Struct, omit_defaults=True):
     error: str | None = None
 
 
-RESPONSE_BODIES: tuple[type, ...] = (Error, IngestResult, QueriesResult, JobEntry, JobList, Report, Health, Readiness)
+class LiveDevice(msgspec.Struct):
+    """One device of a host in ``GET /api/v1/live``: its power over its latest second pushed."""
+
+    device: str
+    kind: DeviceKind
+    model: str | None
+    power_w: Watts | None
+    power_at_s: Annotated[Epoch_s | None, msgspec.Meta(description="when that reading ends (null: none lately)")]
+    jobs: Annotated[list[str], msgspec.Meta(description="ids of the running jobs holding it")]
+
+
+class LiveHost(msgspec.Struct):
+    """A host heard from in the last 10 minutes, and its devices."""
+
+    host: str
+    last_seen_s: Epoch_s
+    devices: list[LiveDevice]
+
+
+class LiveJob(msgspec.Struct):
+    """A running job as ``wattwatch top`` shows it (its report entry's figures so far)."""
+
+    id: str
+    short_id: str
+    name: str
+    kind: JobKind
+    started_at_s: Epoch_s
+    duration_s: Seconds
+    energy_j: Joules
+    avg_power_w: Watts | None
+    queries: Count
+    energy_per_query_j: Joules | None
+    steps: Count
+    energy_per_step_j: Joules | None
+    devices: list[str]
+    reason: str | None
+    gpu_power_w: Annotated[
+        Watts | None, msgspec.Meta(description="power now of the GPUs it holds (a shared GPU split evenly)")
+    ]
+
+
+class Live(msgspec.Struct):
+    """``GET /api/v1/live``: power now per device, and the running jobs with their energy so far."""
+
+    at_s: Epoch_s
+    hosts: list[LiveHost]
+    jobs: list[LiveJob]
+
+
+RESPONSE_BODIES: tuple[type, ...] = (
+    Error,
+    IngestResult,
+    QueriesResult,
+    JobEntry,
+    JobList,
+    Report,
+    Health,
+    Readiness,
+    Live,
+)

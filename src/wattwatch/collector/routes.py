@@ -408,6 +408,21 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         return report
 
     @router.get(
+        "/api/v1/live",
+        dependencies=guarded,
+        responses=contract.responses("Live", 503),
+        response_model=None,
+        tags=["reports"],
+    )
+    def live() -> dict[str, Any]:
+        """Power now per device of the hosts heard from lately, the running jobs holding each, and every
+        running job's energy so far, J/query and J/step (what ``wattwatch top`` draws); O(running jobs +
+        devices)."""
+        from wattwatch.storage.live import live_view
+
+        return live_view(ctx.engine, now_s=ctx.clock(), **carbon)
+
+    @router.get(
         "/metrics",
         dependencies=guarded,
         response_class=PlainTextResponse,

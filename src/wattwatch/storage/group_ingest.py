@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, func, select, tuple_
 from wattwatch import grid, wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
 from wattwatch.storage import raw_batches, tables
-from wattwatch.storage.dialect import append_rows, greatest, upsert, upsert_rows
+from wattwatch.storage.dialect import append_rows, cached_upsert, greatest, pipelined, upsert, upsert_rows
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
 from wattwatch.storage.spans import record_spans, record_ticks_many
 from wattwatch.storage.tables import agents, devices, hosts, ingested_batches
@@ -57,18 +57,49 @@ DeviceRows = tuple[tuple[Any, ...], ...]
 
 
 class DeviceCache:
-    """Device ids per host as last committed, with the descriptions they were stored with.
+    """Device ids per host as last committed, with the descriptions they were stored with; and the ids of
+    jobs known to have a row.
 
     An agent sends its devices in every batch; they change about never. A host whose batch describes its
-    devices exactly as cached needs no devices upsert (a statement and ten row versions per batch). Only
-    committed ids enter the cache (``commit``), so a rolled-back group leaves nothing behind; nothing
-    deletes devices, so a cached id stays valid.
+    devices exactly as cached needs no devices upsert (a statement and ten row versions per batch).
+    Likewise every interval names its jobs, and a job named for the first time gets a placeholder row: a
+    job whose row is known to exist needs none (a statement per group, rows per job). Only committed ids
+    enter the cache (``commit``), so a rolled-back group leaves nothing behind; nothing deletes devices or
+    jobs, so a cached id stays valid.
     """
+
+    # Job ids remembered at most; past it the set starts over (a few more placeholder upserts, no harm).
+    MAX_JOBS = 100_000
 
     def __init__(self) -> None:
         self._hosts: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
-        self._staged: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
+        self.jobs: set[str] = set()
+        # What each writer thread's running transaction wrote: one cache serves every writer thread, so a
+        # host's devices are upserted once per collector process, not once per thread.
+        self._local = threading.local()
         self._lock = threading.Lock()
+
+    @property
+    def _staged(self) -> dict[int, tuple[DeviceRows, dict[str, int]]]:
+        staged: dict[int, tuple[DeviceRows, dict[str, int]]] | None = getattr(self._local, "staged", None)
+        if staged is None:
+            staged = self._local.staged = {}
+        return staged
+
+    @property
+    def _staged_jobs(self) -> set[str]:
+        staged: set[str] | None = getattr(self._local, "jobs", None)
+        if staged is None:
+            staged = self._local.jobs = set()
+        return staged
+
+    def known_jobs(self) -> set[str]:
+        """Job ids committed with a row (for membership tests only: other threads add to it)."""
+        return self.jobs
+
+    def stage_jobs(self, job_ids: set[str]) -> None:
+        """Remember job ids the running transaction gave a row, for ``commit``."""
+        self._staged_jobs.update(job_ids)
 
     def get(self, host_id: int, described: DeviceRows) -> dict[str, int] | None:
         """The host's device ids when ``described`` is what was stored, else None."""
@@ -81,14 +112,20 @@ class DeviceCache:
         self._staged[host_id] = (described, ids)
 
     def commit(self) -> None:
-        """The transaction committed: its staged ids are valid."""
+        """The calling thread's transaction committed: its staged ids are valid."""
         with self._lock:
             self._hosts.update(self._staged)
-        self._staged = {}
+            if len(self.jobs) + len(self._staged_jobs) > self.MAX_JOBS:
+                self.jobs = set()
+            # In place: other threads only test membership, which the GIL keeps whole.
+            self.jobs |= self._staged_jobs
+        self._local.staged = {}
+        self._local.jobs = set()
 
     def rollback(self) -> None:
-        """The transaction rolled back: forget what it staged."""
-        self._staged = {}
+        """The calling thread's transaction rolled back: forget what it staged."""
+        self._local.staged = {}
+        self._local.jobs = set()
 
 
 def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
@@ -174,8 +211,9 @@ def _claim_batches(conn: Connection, items: Sequence[Pending], outcomes: list[Ou
         for key, i in sorted(first.items())
     ]
     # One INSERT .. ON CONFLICT DO NOTHING RETURNING for the group; the keys it returns are the new ones.
-    stmt, params = upsert_rows(conn, ib, rows)
-    stmt = stmt.on_conflict_do_nothing().returning(ib.c.agent_id, ib.c.seq)
+    stmt, params = cached_upsert(
+        conn, "claim_batches", ib, rows, lambda base: base.on_conflict_do_nothing().returning(ib.c.agent_id, ib.c.seq)
+    )
     stored = {(str(a), int(s)) for a, s in conn.execute(stmt, params).all()}
     stored_sha: dict[tuple[str, int], str | None] = {k: items[first[k]].body_sha256 for k in stored}
     before = [k for k in first if k not in stored]
@@ -208,7 +246,7 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
 
     host_ids = _upsert_hosts(conn, items)
     device_ids = _upsert_devices(conn, items, host_ids, cache)
-    _upsert_jobs(conn, items)
+    _upsert_jobs(conn, items, cache)
 
     raw_rows: list[tuple[Any, ...]] = []
     jde: dict[tuple[str, int], tuple[float, float, set[str]]] = {}
@@ -242,10 +280,6 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
         for tick, energy_j in rollup.job_ticks_j.items():
             host_ticks[tick] = host_ticks.get(tick, 0.0) + energy_j
 
-    append_rows(conn, tables.raw_batches, raw_batches.COLUMNS, raw_rows)
-    repo.add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
-    repo.add_job_hosts(conn, job_hosts)
-    repo.add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])
     per_device: dict[int, tuple[float, float]] = {}
     for (_job_id, device_id), (energy_j, _p, _s) in jde.items():
         job_j, idle_j = per_device.get(device_id, (0.0, 0.0))
@@ -253,8 +287,15 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     for (device_id, _hour_s), energy_j in idle.items():
         job_j, idle_j = per_device.get(device_id, (0.0, 0.0))
         per_device[device_id] = (job_j, idle_j + energy_j)
-    repo.add_device_energy(conn, per_device)
-    record_ticks_many(conn, sorted(ticks.items()))
+    # None of these writes needs another's result: on PostgreSQL they go out in one pipeline.
+    with pipelined(conn):
+        append_rows(conn, tables.raw_batches, raw_batches.COLUMNS, raw_rows)
+        repo.add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
+        repo.add_job_hosts(conn, job_hosts)
+        repo.add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])
+        repo.add_device_energy(conn, per_device)
+        record_ticks_many(conn, sorted(ticks.items()))
+    # Spans read rows back (RETURNING), which a pipeline cannot give SQLAlchemy: after it.
     for item in items:
         if item.batch.queries or item.batch.query_counts:
             record_spans(conn, host_ids[item.batch.host], item.batch.queries, item.batch.query_counts)
@@ -285,8 +326,24 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
             b.host not in regions or item.received_at_s >= regions[b.host][1]
         ):
             regions[b.host] = (grid.normalize(b.grid_region), item.received_at_s)
-    stmt, params = upsert_rows(
+    pg = conn.dialect.name == "postgresql"
+
+    def merge(base: Any) -> Any:
+        new = base.excluded
+        stmt = base.on_conflict_do_update(
+            index_elements=[hosts.c.name],
+            set_={
+                "last_seen_s": greatest(conn, hosts.c.last_seen_s, new.last_seen_s),
+                "agent_id": new.agent_id,
+                "grid_region": func.coalesce(new.grid_region, hosts.c.grid_region),
+            },
+        )
+        # PostgreSQL returns the ids of inserted and updated rows alike: no second round trip to read them.
+        return stmt.returning(hosts.c.name, hosts.c.id) if pg else stmt
+
+    stmt, params = cached_upsert(
         conn,
+        "upsert_hosts",
         hosts,
         [
             {
@@ -298,19 +355,13 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
             }
             for name, (agent_id, seen_s) in sorted(latest.items())
         ],
+        merge,
     )
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[hosts.c.name],
-            set_={
-                "last_seen_s": greatest(conn, hosts.c.last_seen_s, stmt.excluded.last_seen_s),
-                "agent_id": stmt.excluded.agent_id,
-                "grid_region": func.coalesce(stmt.excluded.grid_region, hosts.c.grid_region),
-            },
-        ),
-        params,
-    )
-    rows = conn.execute(select(hosts.c.name, hosts.c.id).where(hosts.c.name.in_(sorted(latest)))).all()
+    result = conn.execute(stmt, params)
+    if pg:
+        rows = result.all()
+    else:
+        rows = conn.execute(select(hosts.c.name, hosts.c.id).where(hosts.c.name.in_(sorted(latest)))).all()
     return {str(name): int(host_id) for name, host_id in rows}
 
 
@@ -366,24 +417,28 @@ def _upsert_devices(
     return out
 
 
-def _upsert_jobs(conn: Connection, items: Sequence[Pending]) -> None:
+def _upsert_jobs(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> None:
     """Job records and placeholders of the group; one statement each unless two batches record one job."""
     from wattwatch.storage import repository as repo
 
     per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
     real_ids = [r["id"] for rows in per_item for r in rows if not r["placeholder"]]
+    real = set(real_ids)
+    known = cache.known_jobs() if cache is not None else set()
     placeholders: dict[str, dict[str, Any]] = {}
     for rows in per_item:
         for r in rows:
-            if r["placeholder"] and r["id"] not in real_ids:
+            if r["placeholder"] and r["id"] not in real and r["id"] not in known:
                 if r["id"] in placeholders:
                     r = {**r, "started_at_s": min(r["started_at_s"], placeholders[r["id"]]["started_at_s"])}
                 placeholders[r["id"]] = r
     if placeholders:
         repo.upsert_job_rows(conn, [placeholders[k] for k in sorted(placeholders)])
+    if cache is not None:
+        cache.stage_jobs(real | placeholders.keys())
     if not real_ids:
         return
-    if len(set(real_ids)) == len(real_ids):
+    if len(real) == len(real_ids):
         # One lock order for every writer (PostgreSQL deadlocks): rows sorted by id.
         repo.upsert_job_rows(conn, sorted((r for rows in per_item for r in rows if not r["placeholder"]), key=_id))
     else:  # two records of one job in the group: apply them in order, as separate batches would

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, 
 from wattwatch import wire
 from wattwatch.accounting.rollup import JobHostTotals
 from wattwatch.limits import REASON_ORDER, BoundError
-from wattwatch.storage.dialect import append_token, greatest, least, upsert, upsert_rows
+from wattwatch.storage.dialect import append_token, cached_upsert, greatest, least, upsert
 from wattwatch.storage.engine import WRITE_TX
 from wattwatch.storage.group_ingest import IngestResult, Pending, ingest_many
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_span_post
@@ -264,7 +264,14 @@ def upsert_job_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if placeholders:
         # A placeholder only has to exist. DO NOTHING takes no lock on an existing row, so the many hosts
         # of one training run do not queue behind each other on its jobs row at every batch.
-        conn.execute(upsert(conn, jobs).on_conflict_do_nothing(index_elements=[jobs.c.id]), placeholders)
+        stmt, params = cached_upsert(
+            conn,
+            "job_placeholders",
+            jobs,
+            placeholders,
+            lambda base: base.on_conflict_do_nothing(index_elements=[jobs.c.id]),
+        )
+        conn.execute(stmt, params)
     if not real:
         return
     stmt = upsert(conn, jobs)
@@ -327,23 +334,21 @@ def add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, float
     rows = sorted(rows)
     if not rows:
         return
-    stmt, params = upsert_rows(
+    stmt, params = cached_upsert(
         conn,
+        "add_job_device_energy",
         job_device_energy,
         [{"job_id": j, "device_id": d, "energy_j": e, "max_power_w": p, "sources": s[0]} for j, d, e, p, s in rows],
-    )
-    new = stmt.excluded
-    conn.execute(
-        stmt.on_conflict_do_update(
+        lambda base: base.on_conflict_do_update(
             index_elements=[job_device_energy.c.job_id, job_device_energy.c.device_id],
             set_={
-                "energy_j": job_device_energy.c.energy_j + new.energy_j,
-                "max_power_w": greatest(conn, job_device_energy.c.max_power_w, new.max_power_w),
-                "sources": append_token(job_device_energy.c.sources, new.sources),
+                "energy_j": job_device_energy.c.energy_j + base.excluded.energy_j,
+                "max_power_w": greatest(conn, job_device_energy.c.max_power_w, base.excluded.max_power_w),
+                "sources": append_token(job_device_energy.c.sources, base.excluded.sources),
             },
         ),
-        params,
     )
+    conn.execute(stmt, params)
     # Rare: one device changed source within a batch (a counter reset bridged from power readings).
     extra = [{"j": j, "d": d, "s": src} for j, d, _, _, s in rows for src in s[1:]]
     if extra:
@@ -360,8 +365,9 @@ def add_job_hosts(conn: Connection, totals: dict[tuple[str, int], JobHostTotals]
     """Merge per (job, host) totals into ``job_hosts``: peak, first and last seen, and power now."""
     if not totals:
         return
-    stmt, params = upsert_rows(
+    stmt, params = cached_upsert(
         conn,
+        "add_job_hosts",
         job_hosts,
         [
             {
@@ -375,25 +381,28 @@ def add_job_hosts(conn: Connection, totals: dict[tuple[str, int], JobHostTotals]
             }
             for (job_id, host_id), t in sorted(totals.items())
         ],
+        lambda base: _merge_job_hosts(conn, base),
     )
+    conn.execute(stmt, params)
+
+
+def _merge_job_hosts(conn: Connection, stmt: Any) -> Any:
+    """The ON CONFLICT of ``add_job_hosts``."""
     new = stmt.excluded
     newer_power = and_(
         new.power_at_s.is_not(None),
         or_(job_hosts.c.power_at_s.is_(None), new.power_at_s >= job_hosts.c.power_at_s),
     )
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[job_hosts.c.job_id, job_hosts.c.host_id],
-            set_={
-                "peak_power_w": greatest(conn, job_hosts.c.peak_power_w, new.peak_power_w),
-                "first_s": least(conn, job_hosts.c.first_s, new.first_s),
-                "last_s": greatest(conn, job_hosts.c.last_s, new.last_s),
-                # Batches can arrive out of order (retries): power now moves forward in time only.
-                "power_w": case((newer_power, new.power_w), else_=job_hosts.c.power_w),
-                "power_at_s": case((newer_power, new.power_at_s), else_=job_hosts.c.power_at_s),
-            },
-        ),
-        params,
+    return stmt.on_conflict_do_update(
+        index_elements=[job_hosts.c.job_id, job_hosts.c.host_id],
+        set_={
+            "peak_power_w": greatest(conn, job_hosts.c.peak_power_w, new.peak_power_w),
+            "first_s": least(conn, job_hosts.c.first_s, new.first_s),
+            "last_s": greatest(conn, job_hosts.c.last_s, new.last_s),
+            # Batches can arrive out of order (retries): power now moves forward in time only.
+            "power_w": case((newer_power, new.power_w), else_=job_hosts.c.power_w),
+            "power_at_s": case((newer_power, new.power_at_s), else_=job_hosts.c.power_at_s),
+        },
     )
 
 
@@ -401,16 +410,17 @@ def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
     """Add idle energy per (device, hour) onto ``idle_energy``."""
     if not rows:
         return
-    stmt, params = upsert_rows(
-        conn, idle_energy, [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)]
-    )
-    conn.execute(
-        stmt.on_conflict_do_update(
+    stmt, params = cached_upsert(
+        conn,
+        "add_idle",
+        idle_energy,
+        [{"device_id": d, "hour_s": h, "energy_j": e} for d, h, e in sorted(rows)],
+        lambda base: base.on_conflict_do_update(
             index_elements=[idle_energy.c.device_id, idle_energy.c.hour_s],
-            set_={"energy_j": idle_energy.c.energy_j + stmt.excluded.energy_j},
+            set_={"energy_j": idle_energy.c.energy_j + base.excluded.energy_j},
         ),
-        params,
     )
+    conn.execute(stmt, params)
 
 
 def add_device_energy(conn: Connection, rows: dict[int, tuple[float, float]]) -> None:
@@ -418,18 +428,17 @@ def add_device_energy(conn: Connection, rows: dict[int, tuple[float, float]]) ->
     /metrics reads one row per device instead of summing every job and idle hour ever stored."""
     if not rows:
         return
-    stmt, params = upsert_rows(
+    stmt, params = cached_upsert(
         conn,
+        "add_device_energy",
         device_energy,
         [{"device_id": d, "job_energy_j": j, "idle_energy_j": i} for d, (j, i) in sorted(rows.items())],
-    )
-    conn.execute(
-        stmt.on_conflict_do_update(
+        lambda base: base.on_conflict_do_update(
             index_elements=[device_energy.c.device_id],
             set_={
-                "job_energy_j": device_energy.c.job_energy_j + stmt.excluded.job_energy_j,
-                "idle_energy_j": device_energy.c.idle_energy_j + stmt.excluded.idle_energy_j,
+                "job_energy_j": device_energy.c.job_energy_j + base.excluded.job_energy_j,
+                "idle_energy_j": device_energy.c.idle_energy_j + base.excluded.idle_energy_j,
             },
         ),
-        params,
     )
+    conn.execute(stmt, params)

@@ -1,0 +1,214 @@
+"""``wattwatch top``: a live view of the fleet, redrawn in place: each GPU's power now, the job holding it,
+that job's energy so far and its J/query or J/step, then every running job.
+
+It reads the collector's ``GET /api/v1/live`` (``storage.live``), so it works the same under ``wattwatch up``
+(whose collector the local agent names) and against a central collector (``--server``). On a terminal each
+frame replaces the last (cursor home, clear to the end); piped, frames are printed one after another, plain.
+``--once`` prints one frame and exits. Ctrl-C exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from wattwatch.cli_errors import RuntimeFailure, UsageError
+from wattwatch.config import Settings
+
+DEFAULT_INTERVAL_S = 2.0
+# ANSI: cursor home, clear to end of line / of screen, hide and show the cursor.
+_HOME, _EOL, _EOS, _HIDE, _SHOW = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[?25l", "\x1b[?25h"
+
+
+def add_parser(sub: Any, formatter: type[argparse.HelpFormatter], add_token: Callable[..., None]) -> None:
+    """Register ``wattwatch top``."""
+    top = sub.add_parser(
+        "top",
+        help="live view: power now per GPU, the job holding it, its energy so far and J/query",
+        formatter_class=formatter,
+        epilog="examples:\n  wattwatch top                      the collector the local agent pushes to\n"
+        "  wattwatch top --server http://collector:8470 --interval 5\n"
+        "  wattwatch top --once               one frame, plain (for scripts)",
+    )
+    top.add_argument("--server", metavar="URL", help="the collector (default: the one the local agent pushes to)")
+    top.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between frames (default {DEFAULT_INTERVAL_S:g})",
+    )
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    add_token(top, "bearer token for the collector: a reader token")
+    top.add_argument("--ca-file", metavar="PEM", help="trust only this CA for an https collector")
+
+
+def run(args: argparse.Namespace, settings: Settings, out: TextIO | None = None) -> int:
+    """Draw frames until Ctrl-C (or one, with ``--once``)."""
+    out = out or sys.stdout
+    if not 0.2 <= args.interval <= 3600:
+        raise UsageError(f"--interval {args.interval:g} is out of range; use 0.2 to 3600 seconds")
+    server = args.server or _agent_collector(settings) or settings.collector_url
+    if not server.startswith(("http://", "https://")):
+        raise UsageError(f"--server {server!r} is not a URL; use e.g. http://collector:8470")
+    fetch = _fetcher(server, settings)
+    live = fetch()  # the first answer decides: a collector that is not there is an error, not an empty view
+    if args.once:
+        out.write(render(live, server=server) + "\n")
+        return 0
+    tty = out.isatty()
+    try:
+        if tty:
+            out.write(_HIDE + "\x1b[2J")
+        while True:
+            width = shutil.get_terminal_size().columns if tty else 0
+            frame = render(live, server=server, interval_s=args.interval, width=width)
+            if tty:
+                out.write(_HOME + "".join(f"{line}{_EOL}\n" for line in frame.splitlines()) + _EOS)
+            else:
+                out.write(frame + "\n\n")
+            out.flush()
+            time.sleep(args.interval)
+            try:
+                live = fetch()
+            except (UsageError, RuntimeFailure) as exc:
+                # Keep the last figures on screen, marked stale, and keep asking.
+                live = {**live, "error": str(exc)}
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if tty:
+            out.write(_SHOW)
+            out.flush()
+
+
+def _agent_collector(settings: Settings) -> str | None:
+    """The collector the local agent pushes to, when one answers on the socket."""
+    if not settings.socket_path.exists():
+        return None
+    from wattwatch.sdk import AgentClient
+
+    client = AgentClient(settings.socket_path, timeout_s=1.0)
+    try:
+        reply = client.request({"op": "ping"})
+    except (OSError, ValueError):
+        return None
+    finally:
+        client.close()
+    url = reply.get("collector")
+    return str(url) if url else None
+
+
+def _fetcher(server: str, settings: Settings) -> Callable[[], dict[str, Any]]:
+    from wattwatch.report_cli import get_json
+
+    def fetch() -> dict[str, Any]:
+        return get_json(server, "/api/v1/live", settings)
+
+    return fetch
+
+
+def render(live: Mapping[str, Any], *, server: str, interval_s: float | None = None, width: int = 0) -> str:
+    """One frame as text: a header, one row per GPU, the running jobs; lines cut to ``width`` (0: not)."""
+    from wattwatch.report import format_duration, format_energy
+
+    at_s = float(live.get("at_s") or time.time())
+    clock = datetime.fromtimestamp(at_s, UTC).strftime("%H:%M:%S UTC")
+    every = f"every {interval_s:g} s, Ctrl-C quits" if interval_s else "one frame"
+    lines = [f"wattwatch top  {server}  {clock}  ({every})"]
+    if live.get("error"):
+        lines.append(f"! {live['error']} (figures below are from the last answer)")
+    jobs = {j["id"]: j for j in live.get("jobs") or []}
+    hosts = live.get("hosts") or []
+    rows: list[list[str]] = []
+    total_w = 0.0
+    newest_s = 0.0
+    for host in hosts:
+        for d in host.get("devices") or []:
+            if d.get("power_w") is not None:
+                total_w += float(d["power_w"])
+                newest_s = max(newest_s, float(d.get("power_at_s") or 0.0))
+            if d.get("kind") != "gpu":
+                continue
+            holders = [jobs[j] for j in d.get("jobs") or [] if j in jobs]
+            first = holders[0] if holders else None
+            rows.append(
+                [
+                    host["host"],
+                    d["device"],
+                    _watts(d.get("power_w")),
+                    _job_cell(first) if first else "idle",
+                    format_energy(first["energy_j"]) if first else "",
+                    _per_unit(first) if first else "",
+                ]
+            )
+            for other in holders[1:]:  # a shared GPU: one row per job
+                rows.append(["", "", "", _job_cell(other), format_energy(other["energy_j"]), _per_unit(other)])
+    if rows:
+        lines += ["", *_grid(["HOST", "GPU", "POWER", "JOB", "ENERGY SO FAR", "J/QUERY or J/STEP"], rows)]
+    elif hosts:
+        lines += ["", f"no GPU on {len(hosts)} host(s) heard from in the last 10 minutes"]
+    else:
+        lines += ["", "no host has pushed in the last 10 minutes: is an agent running (`wattwatch up` or `agent`)?"]
+    job_rows = [
+        [
+            j["short_id"],
+            _cut(j["name"], 28),
+            j["kind"],
+            _watts(j.get("gpu_power_w")),
+            format_energy(j["energy_j"]),
+            format_duration(j["duration_s"]),
+            _per_unit(j) or "-",
+        ]
+        for j in jobs.values()
+    ]
+    lines += ["", f"running jobs: {len(job_rows)}"]
+    if job_rows:
+        lines += _grid(
+            ["JOB", "NAME", "KIND", "GPU POWER", "ENERGY SO FAR", "RUNNING FOR", "J/QUERY or J/STEP"], job_rows
+        )
+    age = f", as of {max(at_s - newest_s, 0.0):.1f} s ago (agents push every few seconds)" if newest_s else ""
+    lines += ["", f"power now: {_watts(total_w)} on {len(hosts)} host(s){age}"]
+    if width > 0:
+        lines = [line[:width] for line in lines]
+    return "\n".join(lines)
+
+
+def _watts(power_w: float | None) -> str:
+    if power_w is None:
+        return "-"
+    return f"{power_w / 1000:.2f} kW" if power_w >= 10_000 else f"{power_w:.0f} W"
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "~"
+
+
+def _job_cell(job: Mapping[str, Any]) -> str:
+    return f"{job['short_id']} {_cut(str(job['name']), 28)} ({job['kind']})"
+
+
+def _per_unit(job: Mapping[str, Any]) -> str:
+    """J/query and J/step as far as the collector has computed them ("" when neither applies yet)."""
+    from wattwatch.report import format_energy
+
+    parts = []
+    if job.get("energy_per_query_j") is not None:
+        parts.append(f"{format_energy(job['energy_per_query_j'])}/query ({job.get('queries', 0)})")
+    elif job.get("queries"):
+        parts.append(f"{job['queries']} queries, J/query pending")
+    if job.get("energy_per_step_j") is not None:
+        parts.append(f"{format_energy(job['energy_per_step_j'])}/step ({job.get('steps', 0)})")
+    elif job.get("steps"):
+        parts.append(f"{job['steps']} steps, J/step pending")
+    return ", ".join(parts)
+
+
+def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]

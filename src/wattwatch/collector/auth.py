@@ -169,6 +169,11 @@ class Authenticator:
             raise ApiError(401, f"this collector needs `Authorization: Bearer <token>`; {CREATE_HINT}", "Authorization")
         raise ApiError(401, "bearer token unknown or revoked; see `wattwatch token list`", "Authorization")
 
+    def is_fresh(self) -> bool:
+        """Whether authenticating now needs no database read (the tokens read last are still current)."""
+        snap = self._snapshot
+        return snap is not None and self._clock() - snap.loaded_at_s < self._refresh_s
+
     def _current(self) -> _Snapshot:
         now_s = self._clock()
         snap = self._snapshot

@@ -83,18 +83,23 @@ def _pg_database() -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture
-def pg_url(_pg_database: str) -> str:
-    """A migrated PostgreSQL database with every table emptied for this test."""
-    if migrate.current_revision(_pg_database) != migrate.head_revision():
-        migrate.upgrade(_pg_database)  # a test before this one dropped the schema
-    engine = make_engine(_pg_database)
+def _emptied(pg_database: str) -> str:
+    """``pg_database`` migrated, with every table emptied."""
+    if migrate.current_revision(pg_database) != migrate.head_revision():
+        migrate.upgrade(pg_database)  # a test before this one dropped the schema
+    engine = make_engine(pg_database)
     try:
         with engine.begin() as conn:
             conn.execute(text(f"TRUNCATE {', '.join(DATA_TABLES)} RESTART IDENTITY CASCADE"))
     finally:
         engine.dispose()
-    return _pg_database
+    return pg_database
+
+
+@pytest.fixture
+def pg_url(_pg_database: str) -> str:
+    """A migrated PostgreSQL database with every table emptied for this test."""
+    return _emptied(_pg_database)
 
 
 @pytest.fixture
@@ -122,3 +127,16 @@ def db_engine(db_url: str) -> Iterator[Engine]:
     engine = make_engine(db_url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def module_db_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _sqlite_template: Path
+) -> str:
+    """A migrated, empty database that one module's tests share (filled once, read by each), on SQLite and
+    on PostgreSQL. Modules run one after another, so no other test empties it meanwhile."""
+    if request.param == "postgres":
+        return _emptied(str(request.getfixturevalue("_pg_database")))
+    path = tmp_path_factory.mktemp("module-db") / "wattwatch.db"
+    shutil.copyfile(_sqlite_template, path)
+    return f"sqlite:///{path}"

@@ -14,7 +14,21 @@ import pytest
 from conftest import unavailable
 from procs import WATTWATCH
 
-COMMANDS = {"up", "demo", "collector", "agent", "run", "report", "doctor", "db", "token", "spool", "top", "completion"}
+COMMANDS = {
+    "up",
+    "demo",
+    "collector",
+    "agent",
+    "run",
+    "report",
+    "jobs",
+    "doctor",
+    "db",
+    "token",
+    "spool",
+    "top",
+    "completion",
+}
 
 
 def script(shell: str) -> str:

@@ -465,7 +465,8 @@ def test_report_shape_is_design_json(db_engine: Engine) -> None:
     _seed_report_data(db_engine)
     report = repository.build_report(db_engine, grid_intensity_g_per_kwh=500.0, pue=1.2, now_s=T0 + 4010)
     # DESIGN's two keys, what tells "no job matches" from "no job yet" (issue 11), the paging cursor
-    # (null: no limit asked, so this is the only page), and what the emissions rest on (carbon_policy).
+    # (null: no limit asked, so this is the only page), what the emissions rest on (carbon_policy), and the
+    # page's totals (report_group; the CLI's footer).
     assert set(report) == {
         "jobs",
         "idle",
@@ -475,7 +476,10 @@ def test_report_shape_is_design_json(db_engine: Engine) -> None:
         "idle_until",
         "next_cursor",
         "carbon",
+        "totals",
     }
+    assert report["totals"]["energy_j"] == pytest.approx(sum(j["energy_j"] for j in report["jobs"]), rel=1e-12)
+    assert report["totals"]["idle_energy_j"] == pytest.approx(sum(i["energy_j"] for i in report["idle"]), rel=1e-12)
     assert report["filters"] == {} and report["jobs_recorded"] is True and report["next_cursor"] is None
     assert report["carbon"]["pue"] == 1.2
     assert report["carbon"]["hosts"] == [{"host": "h1", "region": None, "g_per_kwh": 500.0, "source": "config default"}]

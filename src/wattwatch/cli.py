@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from wattwatch import __version__
+from wattwatch import __version__, report_options
 from wattwatch.cli_errors import RuntimeFailure, UsageError
 from wattwatch.config import Settings, load_settings, parse_listen, resolve_token
 from wattwatch.errors import ConfigError, WattwatchError
@@ -171,36 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  wattwatch report --since 7d\n"
         "  wattwatch report --since 2026-11-30 --until 2026-12-01 --name 'llama-*' --label team=nlp\n"
         "  wattwatch report --job 3f2a9c1e         an id prefix as the table shows it, or a job name\n"
+        "  wattwatch report --since 7d --group-by label:team --sort energy --format markdown --output week.md\n"
         "  wattwatch report --server http://collector:8470 --kind inference --format json\n"
         "  WATTWATCH_TOKEN_FILE=reader.token wattwatch report --server https://collector:8470 --ca-file ca.pem",
     )
-    src = rep.add_mutually_exclusive_group()
-    src.add_argument("--server", metavar="URL", help="ask a running collector")
-    src.add_argument("--db", metavar="URL", help="read a database directly (default: the embedded one)")
+    report_options.add_source(rep)
     rep.add_argument("--job", metavar="REF", help="only this job: its id, a unique prefix of it, or its name")
-    rep.add_argument("--kind", choices=JOB_KINDS, help="only jobs of this kind")
-    rep.add_argument(
-        "--since",
-        metavar="WHEN",
-        help="only jobs running or ended after WHEN: a duration back from now (90s, 15m, 12h, 7d) or a date "
-        "(2026-11-30, 2026-11-30T08:00Z); idle energy follows, in whole hours (default 7d unless --until or "
-        "--job is given)",
-    )
-    rep.add_argument("--until", metavar="WHEN", help="only jobs started before WHEN (as --since)")
-    rep.add_argument("--host", help="only jobs that ran on this host (and idle energy of this host)")
-    rep.add_argument("--name", metavar="GLOB", help="only jobs whose name matches this glob, e.g. 'llama-*'")
-    rep.add_argument(
-        "--label",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="only jobs with this label (K=V, or K for any value); repeatable, all must hold",
-    )
-    rep.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N jobs, oldest first (default 1000)")
-    rep.add_argument("--cursor", metavar="CURSOR", help="the next page: the cursor the previous page printed")
-    rep.add_argument("--format", choices=("table", "json", "csv", "markdown"), default="table")
-    _add_token(rep, "bearer token for --server: a reader token")
-    _add_ca_file(rep)
+    report_options.add_filters(rep)
+    report_options.add_view(rep)
+    _add_reader_auth(rep)
 
     doc = sub.add_parser(
         "doctor",
@@ -231,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     from wattwatch import completion, spool_cli, token_cli, top_cli
 
     token_cli.add_parser(sub, _fmt(), _add_db)
+    report_options.add_jobs_parser(sub, _fmt(), _add_reader_auth)
     spool_cli.add_parser(sub, _fmt())
     top_cli.add_parser(sub, _fmt(), _add_token)
     completion.add_parser(sub, _fmt())
@@ -274,6 +254,11 @@ def _add_token(p: argparse.ArgumentParser, what: str) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--token", help=f"{what} (visible in process lists: prefer WATTWATCH_TOKEN or --token-file)")
     group.add_argument("--token-file", metavar="PATH", help="read the token from this file (WATTWATCH_TOKEN_FILE)")
+
+
+def _add_reader_auth(p: argparse.ArgumentParser) -> None:
+    _add_token(p, "bearer token for --server: a reader token")
+    _add_ca_file(p)
 
 
 def _add_ca_file(p: argparse.ArgumentParser) -> None:
@@ -591,7 +576,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     if args.command in ("up", "collector"):
         changes.update(_retention_changes(args, settings))
     settings = dataclasses.replace(settings, **changes)
-    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run", "top")
+    needs_token = args.command in ("up", "demo", "collector", "agent", "report", "run", "top", "jobs")
     return resolve_token(settings) if needs_token else settings
 
 
@@ -644,6 +629,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from wattwatch import report_cli
 
         return report_cli.run(args, settings)
+    if cmd == "jobs":
+        from wattwatch import jobs_cli
+
+        return jobs_cli.run(args, settings)
     if cmd == "doctor":
         return _doctor(args, settings)
     if cmd == "token":
@@ -695,7 +684,7 @@ def _check_simulate(n: int) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from wattwatch import carbon_policy, demo, progress
+    from wattwatch import carbon_policy, demo, progress, report_group, table_render
     from wattwatch.report import render
     from wattwatch.standalone import run_up
     from wattwatch.storage.engine import check_ready
@@ -718,8 +707,9 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         engine.dispose()
     report["jobs"] = [j for j in report["jobs"] if str(j["id"]).startswith("demo-")]
+    report_group.shape(report)
     print()
-    print(render(report, "table"))
+    print(render(report, "table", width=table_render.width_for(sys.stdout), color=table_render.wants_color(sys.stdout)))
     print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `{_report_command(args)}`.")
     return 0
 

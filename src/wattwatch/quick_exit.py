@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 # Read-only commands that leave nothing to finish at exit.
-QUICK_COMMANDS = frozenset({"report", "top", "completion"})
+QUICK_COMMANDS = frozenset({"report", "jobs", "top", "completion"})
 # Options before the command that take a value (so the value is not read as the command).
 _VALUED_GLOBALS = frozenset({"--home", "--log-level"})
 

@@ -14,33 +14,43 @@ import csv
 import io
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wattwatch import table_render
 
 FORMATS = ("table", "json", "csv", "markdown")
 
-_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("id", "JOB"),
-    ("name", "NAME"),
-    ("kind", "KIND"),
-    ("status", "STATUS"),
-    ("duration_s", "DURATION"),
-    ("energy_j", "ENERGY"),
-    ("gpu_energy_j", "GPU"),
-    ("cpu_energy_j", "CPU"),
-    ("setup_energy_j", "SETUP"),
-    ("after_energy_j", "AFTER"),
-    ("avg_power_w", "AVG W"),
-    ("peak_power_w", "PEAK W"),
-    ("queries", "QUERIES"),
-    ("energy_per_query_j", "J/QUERY"),
-    ("energy_per_query_p50_j", "P50 J/Q"),
-    ("energy_per_query_p95_j", "P95 J/Q"),
-    ("waiting_energy_j", "WAITING"),
-    ("energy_per_step_j", "J/STEP"),
-    ("emissions_g", "CO2e g"),
-    ("cost", "COST"),
-    ("sources", "SOURCES"),
-    ("reason", "NOTE"),
+# (key, title, drop rank): rank 0 is always shown; to fit a width the highest ranks go first (table_render).
+_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("id", "JOB", 0),
+    ("name", "NAME", 0),
+    ("kind", "KIND", 6),
+    ("status", "STATUS", 7),
+    ("duration_s", "DURATION", 5),
+    ("energy_j", "ENERGY", 0),
+    ("gpu_energy_j", "GPU", 20),
+    ("cpu_energy_j", "CPU", 19),
+    ("setup_energy_j", "SETUP", 12),
+    ("after_energy_j", "AFTER", 13),
+    ("avg_power_w", "AVG W", 11),
+    ("peak_power_w", "PEAK W", 17),
+    ("queries", "QUERIES", 10),
+    ("energy_per_query_j", "J/QUERY", 8),
+    ("energy_per_query_p50_j", "P50 J/Q", 16),
+    ("energy_per_query_p95_j", "P95 J/Q", 15),
+    ("waiting_energy_j", "WAITING", 14),
+    ("energy_per_step_j", "J/STEP", 9),
+    ("emissions_g", "CO2e g", 0),
+    ("cost", "COST", 4),
+    ("sources", "SOURCES", 18),
+    ("reason", "NOTE", 0),
+)
+_TEXT_KEYS = frozenset({"id", "name", "kind", "status", "sources", "reason"})
+# What a total row sums; the other columns (averages, peaks, per-query figures) stay blank in it.
+_SUMMED = frozenset(
+    {"duration_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "setup_energy_j", "after_energy_j"}
+    | {"queries", "waiting_energy_j", "emissions_g", "cost"}
 )
 # Columns shown only when at least one job has a value in them.
 _OPTIONAL = frozenset(
@@ -103,16 +113,19 @@ _CSV_FIELDS = (
 )
 
 
-def render(report: Mapping[str, Any], fmt: str = "table") -> str:
-    """Render ``report`` in one of ``FORMATS``."""
+def render(report: Mapping[str, Any], fmt: str = "table", *, width: int | None = None, color: bool = False) -> str:
+    """Render ``report`` in one of ``FORMATS``. A table fits ``width`` columns (None: as wide as it is) and
+    is bold where ``color``. With ``report_group.shape``'s ``totals`` a table and markdown end in a total
+    row and the idle share; with its ``groups`` they show those, and CSV shows them too, ending in a row
+    whose ``row`` is ``total`` (JSON shows whatever the report holds)."""
     if fmt == "json":
         return json.dumps(report, indent=2, sort_keys=False)
     if fmt == "csv":
-        return _csv(report)
+        return _group_csv(report) if report.get("groups") is not None else _csv(report)
     if fmt == "markdown":
         return _markdown(report)
     if fmt == "table":
-        return _table(report)
+        return _table(report, width=width, color=color)
     raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
@@ -162,7 +175,7 @@ def format_duration(duration_s: float | None) -> str:
     return f"{int(duration_s // 3600)}h{int(duration_s % 3600 // 60):02d}m"
 
 
-def _cell(job: Mapping[str, Any], key: str, notes: Mapping[str, int] | None = None) -> str:
+def cell(job: Mapping[str, Any], key: str, notes: Mapping[str, int] | None = None) -> str:
     value = job.get(key)
     if key == "reason":
         # A footnote mark: the reason and its fix are printed under the table, where there is room.
@@ -189,37 +202,149 @@ def _cell(job: Mapping[str, Any], key: str, notes: Mapping[str, int] | None = No
     return "-" if value is None else str(value)
 
 
-def _notes(report: Mapping[str, Any]) -> dict[str, int]:
+def note_marks(report: Mapping[str, Any]) -> dict[str, int]:
     """job id -> its footnote number, for the jobs that carry a reason."""
     with_reason = [j["id"] for j in report.get("jobs", []) if j.get("reason")]
     return {job_id: n for n, job_id in enumerate(with_reason, start=1)}
 
 
-def _footnotes(report: Mapping[str, Any]) -> list[str]:
+def footnotes(report: Mapping[str, Any]) -> list[str]:
     """``[n] JOB: reason. Fix: fix`` for each job with a reason."""
-    notes = _notes(report)
+    notes = note_marks(report)
     lines = []
     for job in report.get("jobs", []):
         if job["id"] in notes:
             fix = f" Fix: {job['fix']}." if job.get("fix") else ""
-            lines.append(f"[{notes[job['id']]}] {_cell(job, 'id')}: {job['reason']}.{fix}")
+            lines.append(f"[{notes[job['id']]}] {cell(job, 'id')}: {job['reason']}.{fix}")
     return lines
 
 
-def _rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _job_columns(report: Mapping[str, Any]) -> list[tuple[str, str, int]]:
     jobs = report.get("jobs", [])
-    columns = [(k, t) for k, t in _COLUMNS if k not in _OPTIONAL or any(j.get(k) is not None for j in jobs)]
-    header = [title for _, title in columns]
-    notes = _notes(report)
-    rows = [[_cell(job, key, notes) for key, _ in columns] for job in jobs]
-    return header, rows
+    shown = [c for c in _COLUMNS if c[0] not in _OPTIONAL or any(j.get(c[0]) is not None for j in jobs)]
+    return [(k, _cost_title(report) if k == "cost" else t, d) for k, t, d in shown]
+
+
+def _cost_title(report: Mapping[str, Any]) -> str:
+    """``COST EUR``: the currency the carbon section states, when it does."""
+    currency = (report.get("carbon") or {}).get("currency")
+    return f"COST {currency}" if currency else "COST"
+
+
+def _total_cells(report: Mapping[str, Any], keys: Sequence[str]) -> list[str] | None:
+    """The total row under the jobs' columns (None without jobs or totals): sums where a sum means
+    something, the totals' own figures for energy, emissions and cost, blank elsewhere."""
+    jobs, totals = report.get("jobs") or [], report.get("totals")
+    if not jobs or not totals:
+        return None
+    summed: dict[str, Any] = {"id": "TOTAL", "name": f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}"}
+    for key in _SUMMED:
+        values = [j[key] for j in jobs if j.get(key) is not None]
+        summed[key] = sum(values) if values else None
+    for key in ("energy_j", "emissions_g", "cost", "duration_s"):
+        summed[key] = totals.get(key)
+    return [str(summed[k]) if k in ("id", "name") else (cell(summed, k) if k in _SUMMED else "") for k in keys]
+
+
+def _rows(report: Mapping[str, Any], columns: Sequence[tuple[str, str, int]]) -> list[list[str]]:
+    notes = note_marks(report)
+    return [[cell(job, key, notes) for key, _, _ in columns] for job in report.get("jobs", [])]
 
 
 def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
+    from wattwatch import table_render
+
+    return table_render.render([table_render.Column(h) for h in header], rows).text
+
+
+def idle_share_line(report: Mapping[str, Any]) -> str:
+    """The footer's idle share: idle energy, its share of all measured, and what that measured holds."""
+    totals = report.get("totals") or {}
+    if not totals.get("measured_energy_j"):
+        return ""
+    share = totals.get("idle_share") or 0.0
+    phases = totals.get("setup_energy_j", 0.0) + totals.get("after_energy_j", 0.0)
+    held = "jobs" + (" with setup and after" if phases else "")
+    return (
+        f"Idle: {format_energy(totals['idle_energy_j'])}, {share * 100:.1f} % of the "
+        f"{format_energy(totals['measured_energy_j'])} measured ({held} {format_energy(totals['energy_j'] + phases)}"
+        " + idle in the window's whole hours)."
+    )
+
+
+_GROUP_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("group", "", 0),
+    ("jobs", "JOBS", 0),
+    ("duration_s", "DURATION", 3),
+    ("energy_j", "ENERGY", 0),
+    ("energy_share", "SHARE", 2),
+    ("emissions_g", "CO2e g", 0),
+    ("cost", "COST", 1),
+)
+
+
+def _group_title(group_by: str) -> str:
+    what, _, key = str(group_by).partition(":")
+    return f"LABEL {key}" if what == "label" else what.upper()
+
+
+def _group_cells(group: Mapping[str, Any], keys: Sequence[str]) -> list[str]:
+    cells = []
+    for key in keys:
+        value = group.get(key)
+        if key == "energy_share":
+            cells.append("-" if value is None else f"{value * 100:.1f} %")
+        elif key in ("group", "jobs"):
+            cells.append(str(value))
+        else:
+            cells.append(cell(group, key))
+    return cells
+
+
+def _group_table(report: Mapping[str, Any]) -> tuple[list[tuple[str, str, int]], list[list[str]]]:
+    groups = report.get("groups") or []
+    priced = any(g.get("cost") is not None for g in groups)
+    columns = [
+        (
+            k,
+            _group_title(report.get("group_by") or "") if k == "group" else _cost_title(report) if k == "cost" else t,
+            d,
+        )
+        for k, t, d in _GROUP_COLUMNS
+        if k != "cost" or priced
+    ]
+    keys = [k for k, _, _ in columns]
+    rows = [_group_cells(g, keys) for g in groups]
+    totals = report.get("totals")
+    if groups and totals:
+        # A job on two hosts is in two host groups; the total counts it once.
+        rows.append(
+            _group_cells({**totals, "group": "TOTAL", "energy_share": 1.0 if totals["energy_j"] else None}, keys)
+        )
+    return columns, rows
+
+
+def _columns(columns: Sequence[tuple[str, str, int]]) -> list[table_render.Column]:
+    from wattwatch import table_render
+
+    out = []
+    for key, title, drop in columns:
+        if key == "name":
+            out.append(table_render.Column(title, drop=drop, cap=24, minimum=10))
+        elif key == "sources":
+            out.append(table_render.Column(title, drop=drop, cap=12))
+        else:
+            out.append(table_render.Column(title, right=key not in _TEXT_KEYS and key != "group", drop=drop))
+    return out
+
+
+def _hidden_note(hidden: Sequence[str], width: int | None) -> str:
+    if not hidden:
+        return ""
+    import textwrap
+
+    text = f"Hidden to fit {width} columns: {', '.join(hidden)} (--width 0 shows them; CSV and JSON have all)."
+    return textwrap.fill(text, width=max(width or 100, 40))
 
 
 def _idle_rows(report: Mapping[str, Any]) -> list[list[str]]:
@@ -274,12 +399,41 @@ def carbon_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _table(report: Mapping[str, Any]) -> str:
-    header, rows = _rows(report)
-    parts = [_grid(header, rows) if rows else empty_message(report)]
-    footnotes = _footnotes(report)
-    if footnotes:
-        parts += ["", *footnotes]
+def _table(report: Mapping[str, Any], *, width: int | None = None, color: bool = False) -> str:
+    from wattwatch import table_render
+
+    grouped = report.get("groups") is not None
+    if grouped:
+        columns, rows = _group_table(report)
+        has_rows = bool(report.get("groups"))
+    else:
+        columns = _job_columns(report)
+        rows = _rows(report, columns)
+        has_rows = bool(rows)
+        total = _total_cells(report, [k for k, _, _ in columns])
+        if total is not None:
+            rows.append(total)
+    parts: list[str] = []
+    if has_rows:
+        fitted = table_render.render(
+            _columns(columns),
+            rows,
+            width=width,
+            color=color,
+            strong_rows=[len(rows) - 1] if report.get("totals") else [],
+        )
+        parts.append(fitted.text)
+        hidden = _hidden_note(fitted.hidden, width)
+        if hidden:
+            parts.append(table_render.dim(hidden, color))
+    else:
+        parts.append(empty_message(report))
+    notes = footnotes(report) if not grouped else _grouped_notes(report)
+    if notes:
+        parts += ["", *notes]
+    share = idle_share_line(report)
+    if share and has_rows:
+        parts += ["", share]
     idle = _idle_rows(report)
     if idle:
         parts += ["", f"{_idle_title(report)}:", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
@@ -294,18 +448,37 @@ def _table(report: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _grouped_notes(report: Mapping[str, Any]) -> list[str]:
+    n = sum(1 for j in report.get("jobs", []) if j.get("reason"))
+    if not n:
+        return []
+    what = "jobs carry notes on their" if n != 1 else "job carries a note on its"
+    return [f"{n} {what} figures; the report without --group-by lists them."]
+
+
 def _markdown(report: Mapping[str, Any]) -> str:
-    header, rows = _rows(report)
+    grouped = report.get("groups") is not None
+    if grouped:
+        columns, rows = _group_table(report)
+    else:
+        columns = _job_columns(report)
+        rows = _rows(report, columns)
+        total = _total_cells(report, [k for k, _, _ in columns])
+        if total is not None:
+            rows.append([f"**{c}**" if c else c for c in total])
 
     def md(h: Sequence[str], rs: Sequence[Sequence[str]]) -> list[str]:
         return ["| " + " | ".join(h) + " |", "|" + "---|" * len(h)] + ["| " + " | ".join(r) + " |" for r in rs]
 
-    lines = md(header, rows)
+    lines = md([t for _, t, _ in columns], rows)
     if not rows:
         lines += ["", f"*{empty_message(report)}*"]
-    footnotes = _footnotes(report)
-    if footnotes:
-        lines += ["", *(f"- {line}" for line in footnotes)]
+    notes = footnotes(report) if not grouped else _grouped_notes(report)
+    if notes:
+        lines += ["", *(f"- {line}" for line in notes)]
+    share = idle_share_line(report)
+    if share and rows:
+        lines += ["", share]
     idle = _idle_rows(report)
     if idle:
         lines += ["", f"**{_idle_title(report)}**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
@@ -318,14 +491,43 @@ def _markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# A report's CSV stays one row per job, as scripts summing its rows expect; its totals come with
+# ``--group-by``: one row per group, then the total row (``row``: ``group`` / ``total``), which also carries
+# the idle energy and its share (blank on group rows).
+_TOTAL_FIELDS = ("row", "idle_energy_j", "idle_share")
+_GROUP_CSV_FIELDS = ("group_by", "group", "jobs", "duration_s", "energy_j", "energy_share", "emissions_g", "cost")
+
+
+def _csv_value(value: Any) -> Any:
+    return ";".join(map(str, value)) if isinstance(value, list) else ("" if value is None else value)
+
+
+def _total_row(report: Mapping[str, Any], fields: Sequence[str], extra: Mapping[str, Any]) -> list[Any] | None:
+    totals = report.get("totals")
+    if not totals or not report.get("jobs"):
+        return None
+    values = {**totals, **extra, "row": "total"}
+    return [_csv_value(values.get(k)) for k in fields]
+
+
 def _csv(report: Mapping[str, Any]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(_CSV_FIELDS)
     for job in report.get("jobs", []):
-        row = []
-        for key in _CSV_FIELDS:
-            value = job.get(key)
-            row.append(";".join(map(str, value)) if isinstance(value, list) else ("" if value is None else value))
-        writer.writerow(row)
+        writer.writerow([_csv_value(job.get(k)) for k in _CSV_FIELDS])
+    return out.getvalue().rstrip("\n")
+
+
+def _group_csv(report: Mapping[str, Any]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    fields = (*_GROUP_CSV_FIELDS, *_TOTAL_FIELDS, "job_ids")
+    writer.writerow(fields)
+    for group in report.get("groups") or []:
+        values = {**group, "group_by": report.get("group_by"), "row": "group"}
+        writer.writerow([_csv_value(values.get(k)) for k in fields])
+    total = _total_row(report, fields, {"group_by": report.get("group_by"), "group": "TOTAL", "energy_share": 1.0})
+    if total is not None:
+        writer.writerow(total)
     return out.getvalue().rstrip("\n")

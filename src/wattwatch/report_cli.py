@@ -15,15 +15,36 @@ from wattwatch.config import Settings
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    """``wattwatch report``: print the report in ``--format``, one page (``--limit``, ``--cursor``).
+    """``wattwatch report``: print the report in ``--format``, one page (``--limit``, ``--cursor``), in
+    ``--sort`` order, per ``--group-by`` group if given, with totals; to ``--output`` if given.
 
     With none of ``--since``, ``--until`` and ``--job`` it covers the last 7 days, like the collector's
     API, and says so (``window`` in JSON; a line under the table)."""
-    import re
     import sys
 
-    from wattwatch.limits import CURSOR_PATTERN, REPORT_DEFAULT_SINCE, REPORT_MAX_LIMIT
+    from wattwatch import report_group
     from wattwatch.report import render, window_note
+    from wattwatch.report_options import emit, table_style
+
+    check_view(args)
+    width, color = table_style(args)
+    report = fetch(args, settings)
+    report_group.shape(report, group_by=args.group_by, sort=args.sort)
+    emit(render(report, args.format, width=width, color=color), args, what=f"the report ({args.format})")
+    if args.format in ("csv", "json"):
+        # Machine formats stay parseable on stdout (JSON holds window and next_cursor); people read stderr.
+        note = window_note(report)
+        if note:
+            sys.stderr.write(note + "\n")
+    return 0
+
+
+def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """The report the filters of ``args`` select (``--job``, ``--kind``, ``--since`` ...), from ``--server``
+    or the database; a usage error when ``--job`` alone names no job."""
+    import re
+
+    from wattwatch.limits import CURSOR_PATTERN, REPORT_DEFAULT_SINCE, REPORT_MAX_LIMIT
     from wattwatch.units import iso_utc
 
     if not 1 <= args.limit <= REPORT_MAX_LIMIT:
@@ -76,15 +97,22 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
     if args.job and not report["jobs"] and _only_job(args):
         raise UsageError(
-            f"no job {args.job!r} (an id, id prefix or name) in this database; list jobs with `wattwatch report`"
+            f"no job {args.job!r} (an id, id prefix or name) in this database; list jobs with `wattwatch jobs`"
         )
-    print(render(report, args.format))
-    if args.format in ("csv", "json"):
-        # Machine formats stay parseable on stdout (JSON holds window and next_cursor); people read stderr.
-        note = window_note(report)
-        if note:
-            sys.stderr.write(note + "\n")
-    return 0
+    return report
+
+
+def check_view(args: argparse.Namespace) -> None:
+    """Usage errors in ``--group-by`` and ``--width``, before anything is read."""
+    from wattwatch.report_group import parse_group_by
+
+    if getattr(args, "group_by", None):
+        try:
+            parse_group_by(args.group_by)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if getattr(args, "width", None) is not None and args.width < 0:
+        raise UsageError(f"--width {args.width} is negative; give a number of columns, or 0 for no limit")
 
 
 BAD_CURSOR = "--cursor is not one a report printed; copy it from the line `more jobs: --cursor ...`"

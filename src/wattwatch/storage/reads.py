@@ -32,6 +32,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from wattwatch.accounting.rollup import hour_floor_s
 from wattwatch.carbon_policy import CarbonPolicy
 from wattwatch.grid import GridIntensity
+from wattwatch.report_group import totals
 from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
@@ -156,10 +157,20 @@ def _job_entries(
     per_job_kind: dict[str, dict[str, float]] = {}
     per_job_devices: dict[str, set[str]] = {}
     per_job_sources: dict[str, set[str]] = {}
+    per_job_device: dict[str, list[dict[str, Any]]] = {}
     held_gpu: set[str] = set()
     for job_id, host, key, kind, energy_j, sources in energy_rows:
         if kind == "gpu":
             held_gpu.add(job_id)
+        per_job_device.setdefault(job_id, []).append(
+            {
+                "host": host,
+                "device": key,
+                "kind": kind,
+                "energy_j": energy_j,
+                "sources": sorted(set(sources.split(",")) - {""}),
+            }
+        )
         h = per_job_host.setdefault(job_id, {}).setdefault(host, {"energy_j": 0.0, "peak_power_w": 0.0})
         h["energy_j"] += energy_j
         by_kind = per_job_kind.setdefault(job_id, dict.fromkeys(DEVICE_KINDS, 0.0))
@@ -229,6 +240,9 @@ def _job_entries(
                 }
                 for name, h in sorted(per_host.items())
             ],
+            # Each device the job held a share of (0 J included: a GPU it held while it drew nothing), by host
+            # and key; peak power is known per host only (job_hosts).
+            "per_device": sorted(per_job_device.get(job.id, []), key=lambda d: (d["host"], d["device"])),
             "source_note": "; ".join(notes) or None,
             **_phase_fields(phases.get(job.id, [])),
             "phase": job.phase,
@@ -450,6 +464,8 @@ def build_report(
         "idle_until": iso_utc(idle_until_s),
         "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
         "carbon": carbon_summary,
+        # This page's sums and the idle share (report_group.totals: the CLI's footer is the same figures).
+        "totals": totals(ordered, idle),
     }
 
 

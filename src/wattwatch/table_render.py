@@ -1,0 +1,116 @@
+"""Tables people read: fitted to a width, plain when piped, colour only on a terminal that wants it.
+
+A small renderer of our own rather than a dependency: ``wattwatch report`` starts in well under the time
+a rich-text library takes to import, and the tables need only alignment, fitting and a bold header.
+
+Fitting: while a table is wider than its width, columns that allow it are first cut to their cap (a long
+job name), then dropped, least needed first (the caller ranks them), then cut to their minimum. The
+caller says which were dropped (``Fitted.hidden``) so the reader knows where to find them (CSV, JSON).
+Cells are cut with a trailing ``~`` (ASCII), never the job id column: what a table shows is typed back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+# A table written where no terminal says its width (a pipe, a file) fits this many columns, unless
+# $COLUMNS says otherwise: wide enough for the useful columns, narrow enough for a mail or a review.
+DEFAULT_WIDTH = 100
+GAP = "  "
+_BOLD, _DIM, _RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its title, alignment, and how it yields room when the table is too wide."""
+
+    title: str
+    right: bool = False  # numbers align right
+    drop: int = 0  # 0: always shown; else dropped to fit, the highest rank first
+    cap: int | None = None  # cut to this many characters before any column is dropped
+    minimum: int | None = None  # then, after dropping, cut down to this; None: never cut
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A rendered table and the titles of the columns dropped to fit it."""
+
+    text: str
+    hidden: list[str]
+
+
+def wants_color(stream: TextIO | None, *, no_color: bool = False) -> bool:
+    """Colour only on a terminal, and not with ``--no-color``, ``NO_COLOR`` (any value) or ``TERM=dumb``."""
+    if no_color or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def width_for(stream: TextIO | None, requested: int | None = None) -> int | None:
+    """The width to fit: ``requested`` (0: unlimited, None), else the terminal's when ``stream`` is one
+    (None: a file), else ``$COLUMNS``, else ``DEFAULT_WIDTH``."""
+    if requested is not None:
+        return requested or None
+    isatty = getattr(stream, "isatty", None)
+    if isatty and isatty():
+        return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else DEFAULT_WIDTH
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, a trailing ``~`` marking a cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "~"
+
+
+def render(
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    *,
+    width: int | None = None,
+    color: bool = False,
+    strong_rows: Sequence[int] = (),
+) -> Fitted:
+    """``rows`` under ``columns``, fitted to ``width`` (None: as wide as they are); ``strong_rows``
+    (indexes, e.g. a total) are bold in colour."""
+    natural = [max([len(c.title), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    widths = list(natural)
+    kept = list(range(len(columns)))
+
+    def total() -> int:
+        return sum(widths[i] for i in kept) + len(GAP) * (len(kept) - 1)
+
+    if width is not None:
+        for i, c in enumerate(columns):
+            if c.cap is not None and total() > width:
+                widths[i] = min(widths[i], max(c.cap, len(c.title)))
+        for i in sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop):
+            if total() <= width:
+                break
+            kept.remove(i)
+        for i in kept:
+            c = columns[i]
+            if c.minimum is not None and total() > width:
+                widths[i] = max(c.minimum, len(c.title), widths[i] - (total() - width))
+    lines = []
+    for n, cells in enumerate([[c.title for c in columns], *rows]):
+        parts = []
+        for i in kept:
+            text = cut(cells[i], widths[i])
+            parts.append(text.rjust(widths[i]) if columns[i].right else text.ljust(widths[i]))
+        line = GAP.join(parts).rstrip()
+        if color and (n == 0 or n - 1 in strong_rows):
+            line = f"{_BOLD}{line}{_RESET}"
+        lines.append(line)
+    hidden = [c.title for i, c in enumerate(columns) if i not in kept]
+    return Fitted("\n".join(lines), hidden)
+
+
+def dim(text: str, color: bool) -> str:
+    """``text`` dimmed when ``color`` (notes under a table)."""
+    return f"{_DIM}{text}{_RESET}" if color and text else text

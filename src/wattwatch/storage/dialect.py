@@ -177,5 +177,14 @@ def pipelined(conn: Connection) -> Iterator[None]:
     if conn.dialect.name != "postgresql":
         yield
         return
-    with conn.connection.driver_connection.pipeline():  # type: ignore[union-attr]
-        yield
+    from sqlalchemy.exc import DBAPIError
+
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    try:
+        with conn.connection.driver_connection.pipeline():  # type: ignore[union-attr]
+            yield
+    except dbapi_error as exc:
+        # An error the server reports when the pipeline syncs comes from psycopg itself, past SQLAlchemy's
+        # wrapping: wrapped here, as any statement's error is, the collector still answers 503 and retries a
+        # deadlock or serialization failure (both look for SQLAlchemy's DBAPIError).
+        raise DBAPIError.instance(None, None, exc, dbapi_error) from exc

@@ -14,8 +14,6 @@ from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.storage.dialect import pipelined
 from wattwatch.storage.group_ingest import IngestResult, Pending
 
-pytestmark = pytest.mark.postgres
-
 # Fails the first statement that adds span marks with a deadlock's SQLSTATE, after a pause so that the
 # error reaches the client only when the pipeline syncs (as a real deadlock does: detected after
 # deadlock_timeout, 1 s by default).
@@ -46,6 +44,7 @@ def pg_engine(pg_url: str) -> Engine:
     engine.dispose()
 
 
+@pytest.mark.postgres
 def test_an_error_at_the_pipelines_end_is_a_sqlalchemy_error(pg_engine: Engine) -> None:
     """The collector maps SQLAlchemy errors to 503 and retries DBAPIErrors with a deadlock's SQLSTATE;
     an error reported when the pipeline syncs must reach them as one, not as a bare driver error."""
@@ -54,6 +53,7 @@ def test_an_error_at_the_pipelines_end_is_a_sqlalchemy_error(pg_engine: Engine) 
     assert getattr(info.value.orig, "sqlstate", None) == "40P01"
 
 
+@pytest.mark.postgres
 def test_a_deadlock_in_the_pipeline_retries_the_group(pg_engine: Engine) -> None:
     with pg_engine.begin() as conn:
         conn.exec_driver_sql(_DEADLOCK_ONCE)
@@ -63,3 +63,32 @@ def test_a_deadlock_in_the_pipeline_retries_the_group(pg_engine: Engine) -> None
     assert isinstance(outcome, IngestResult), outcome
     with pg_engine.connect() as conn:
         assert conn.execute(text("SELECT last_value FROM review10_fired")).scalar() == 2
+
+
+def _batch_body(interval_device: str) -> bytes:
+    from wattwatch import wire
+
+    interval = {"device": interval_device, "t_start_s": T0, "t_end_s": T0 + 1, "energy_j": 1.0, "source": "counter"}
+    return wire.encode(
+        {
+            "version": wire.WIRE_VERSION,
+            "agent_id": "a1",
+            "seq": 1,
+            "host": "h",
+            "sent_at_s": T0 + 2,
+            "devices": [{"key": "gpu0", "kind": "gpu"}],
+            "intervals": [interval],
+        }
+    )
+
+
+@pytest.mark.parametrize("device", ["gpu 0", "gpü0"])
+def test_a_malformed_interval_device_is_refused_as_a_malformed_key(device: str) -> None:
+    """As before the key pattern moved into Batch: the reason is a bad string, not an unlisted device."""
+    from wattwatch import wire
+
+    with pytest.raises(wire.WireError) as info:
+        wire.decode_batch(_batch_body(device))
+    assert info.value.field == "intervals[0].device"
+    assert "matching regex" in str(info.value)
+    assert info.value.reason == "string"

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from test_raw_batches import two_hosts
 from test_storage import T0
 from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.storage.dialect import pipelined
+from wattwatch.storage.engine import make_engine
 from wattwatch.storage.group_ingest import IngestResult, Pending
 
 # Fails the first statement that adds span marks with a deadlock's SQLSTATE, after a pause so that the
@@ -35,7 +38,7 @@ CREATE TRIGGER review10_deadlock BEFORE INSERT ON span_dirty FOR EACH STATEMENT
 
 @pytest.fixture
 def pg_engine(pg_url: str) -> Engine:
-    engine = create_engine(pg_url)
+    engine = make_engine(pg_url)
     yield engine
     with engine.begin() as conn:
         conn.execute(text("DROP TRIGGER IF EXISTS review10_deadlock ON span_dirty"))
@@ -92,3 +95,19 @@ def test_a_malformed_interval_device_is_refused_as_a_malformed_key(device: str) 
     assert info.value.field == "intervals[0].device"
     assert "matching regex" in str(info.value)
     assert info.value.reason == "string"
+
+
+@pytest.mark.postgres
+def test_a_database_error_in_the_pipeline_answers_503(tmp_path: Path, pg_engine: Engine) -> None:
+    """Every other database error of an ingest is a 503 saying so; one the pipeline reports at its end too."""
+    from test_bounds import NOW, good_batch, post
+    from wattwatch.collector import create_app
+    from wattwatch.config import Settings
+
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(_DEADLOCK_ONCE.replace("'40P01'", "'22012'"))  # never retried: a data error
+    app = create_app(Settings(home=tmp_path), pg_engine, clock=lambda: NOW, span_energy_interval_s=None)
+    with TestClient(app) as client:
+        r = post(client, good_batch(1))
+    assert r.status_code == 503, r.text
+    assert r.json()["field"] is None

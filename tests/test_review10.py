@@ -111,3 +111,21 @@ def test_a_database_error_in_the_pipeline_answers_503(tmp_path: Path, pg_engine:
         r = post(client, good_batch(1))
     assert r.status_code == 503, r.text
     assert r.json()["field"] is None
+
+
+@pytest.mark.postgres
+def test_groups_are_stored_where_libpq_has_no_pipeline_mode(pg_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """psycopg on a system libpq older than 14 has no pipeline mode: a group is then written statement by
+    statement, not refused. (libpq's version is the one thing faked here.)"""
+    import psycopg
+
+    def has_pipeline(check: bool = False) -> bool:
+        if check:
+            raise psycopg.NotSupportedError("pipeline mode needs libpq 14 or later (faked)")
+        return False
+
+    monkeypatch.setattr(psycopg.capabilities, "has_pipeline", has_pipeline)
+    batch = next(b for b in two_hosts(random.Random(11)) if any(iv.shares for iv in b.intervals))
+    (outcome,) = GroupCommitter(pg_engine, writers=1).store_group([Pending(batch, T0 + 100)])
+    assert isinstance(outcome, IngestResult), outcome
+    assert outcome.n_intervals == len(batch.intervals)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ CREATE TRIGGER review10_deadlock BEFORE INSERT ON span_dirty FOR EACH STATEMENT
 
 
 @pytest.fixture
-def pg_engine(pg_url: str) -> Engine:
+def pg_engine(pg_url: str) -> Iterator[Engine]:
     engine = make_engine(pg_url)
     yield engine
     with engine.begin() as conn:

@@ -191,6 +191,8 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
         job_ids: set[str] = set()
         for i, iv in enumerate(self.intervals):
             if iv.device not in known:
+                if not _key_re.match(iv.device):  # what msgspec said of it before KeyRef: the same reason
+                    raise ValueError(f"@intervals[{i}].device: Expected `str` matching regex {KEY_PATTERN!r}")
                 raise ValueError(f"@intervals[{i}].device: {iv.device!r} is not listed in devices")
             job_ids.update(iv.shares)
         bad = [job_id for job_id in job_ids if not _key_re.match(job_id)]

@@ -173,9 +173,28 @@ def pipelined(conn: Connection) -> Iterator[None]:
     mode): a group's rollup writes need no result, and each round trip waits for the server process to be
     scheduled, which on a busy host cost more than the statements. No statement in the block may read a
     result (SQLAlchemy would see none: RETURNING, counts); an error raises when the block ends at the
-    latest and fails the transaction. SQLite: nothing changes."""
-    if conn.dialect.name != "postgresql":
+    latest and fails the transaction. SQLite, and a libpq older than 14 (no pipeline mode): nothing changes."""
+    if conn.dialect.name != "postgresql" or not _pipeline_supported(conn):
         yield
         return
-    with conn.connection.driver_connection.pipeline():  # type: ignore[union-attr]
-        yield
+    from sqlalchemy.exc import DBAPIError
+
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    try:
+        with conn.connection.driver_connection.pipeline():  # type: ignore[union-attr]
+            yield
+    except dbapi_error as exc:
+        # An error the server reports when the pipeline syncs comes from psycopg itself, past SQLAlchemy's
+        # wrapping: wrapped here, as any statement's error is, the collector still answers 503 and retries a
+        # deadlock or serialization failure (both look for SQLAlchemy's DBAPIError).
+        raise DBAPIError.instance(None, None, exc, dbapi_error) from exc
+
+
+def _pipeline_supported(conn: Connection) -> bool:
+    """Whether ``conn``'s driver has pipeline mode: psycopg 3 on libpq 14 or later (psycopg[binary] bundles
+    one; psycopg on an older system libpq has none, and ``pipeline()`` would fail every group)."""
+    if conn.dialect.driver != "psycopg":
+        return False
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())

@@ -1,4 +1,5 @@
-"""Review findings (review10): write-path regressions on PostgreSQL and in decoding."""
+"""The write path's error cases: errors a PostgreSQL pipeline reports at its end (retried, answered 503),
+no pipeline mode, and a malformed interval device refused as a malformed key."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from wattwatch.storage.retention import fold_idle_days
 GPUS = 8
 HOUR_S = 3600.0
 DAY_S = 86400.0
-SIZE_TABLES = ("raw_batches", "job_device_energy", "idle_energy", "jobs", "device_energy")
+SIZE_TABLES = ("raw_batches", "job_device_energy", "idle_energy", "idle_energy_days", "jobs", "device_energy")
 
 
 def fill(engine: Engine, *, intervals: int, jobs: int, hosts: int, days: float, now_s: float) -> list[str]:
@@ -108,6 +108,7 @@ def fill(engine: Engine, *, intervals: int, jobs: int, hosts: int, days: float, 
             (t.job_hosts, jh_rows),
             (t.job_device_energy, jde_rows),
             (t.idle_energy, idle_rows),
+            (t.idle_energy_days, _days(idle_rows)),
         ):
             for k in range(0, len(rows), 20000):
                 conn.execute(tbl.insert(), rows[k : k + 20000])
@@ -180,6 +181,15 @@ def _fill_raw(conn: Any, intervals: int, dev_rows: list[dict[str, Any]], now_s: 
         tick += RAW_TICKS_PER_BATCH
     if rows:
         conn.execute(raw_table.insert(), rows)
+
+
+def _days(idle_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The idle_energy_days rows ingest keeps beside the hour rows: their sums per device and UTC day."""
+    days: dict[tuple[int, float], float] = {}
+    for r in idle_rows:
+        key = (r["device_id"], r["hour_s"] - r["hour_s"] % DAY_S)
+        days[key] = days.get(key, 0.0) + r["energy_j"]
+    return [{"device_id": d, "day_s": day_s, "energy_j": e} for (d, day_s), e in days.items()]
 
 
 def table_bytes(engine: Engine) -> dict[str, int]:

@@ -275,6 +275,7 @@ def test_migration_0008_fills_device_totals_from_rollups(db_url: str) -> None:
             conn.execute(text("ALTER TABLE hosts DROP COLUMN grid_region"))  # 0009, which follows 0008
             conn.execute(text("DROP TABLE raw_batches"))  # 0010
             conn.execute(text("DROP INDEX ix_jobs_id_stem"))  # 0011
+            conn.execute(text("DROP TABLE idle_energy_days"))  # 0012
             conn.execute(text("UPDATE alembic_version SET version_num = '0007'"))
             conn.execute(text("INSERT INTO hosts (id, name, first_seen_s, last_seen_s) VALUES (1, 'h', 0, 0)"))
             conn.execute(text("INSERT INTO devices (id, host_id, key, kind, \"index\") VALUES (1, 1, 'g', 'gpu', 0)"))
@@ -344,3 +345,51 @@ def test_idle_hours_fold_into_days_and_reports_read_the_same(db_engine: Engine) 
     # A recent window stays in whole hours.
     recent = repository.build_report(db_engine, since_s=now_s - 5000, now_s=now_s)
     assert recent["idle_from"] == iso_utc(now_s - 5000 - (now_s - 5000) % 3600)
+
+
+def idle_days_from_hours(engine: Engine) -> dict[tuple[int, float], float]:
+    """Idle joules per (device, UTC day), summed here from idle_energy's rows."""
+    out: dict[tuple[int, float], float] = {}
+    for device_id, hour_s, energy_j in dump(engine, "idle_energy"):
+        key = (device_id, hour_s - hour_s % DAY_S)
+        out[key] = out.get(key, 0.0) + energy_j
+    return out
+
+
+def idle_days_stored(engine: Engine) -> dict[tuple[int, float], float]:
+    return {(d, day_s): e for d, day_s, e in dump(engine, "idle_energy_days")}
+
+
+def test_idle_days_equal_the_hours_before_and_after_the_fold(
+    stored: tuple[TestClient, FakeClock], db_engine: Engine
+) -> None:
+    """idle_energy_days (what whole-day report windows read) holds each day's hours, through ingest and fold."""
+    client, _clock = stored
+    before = idle_days_stored(db_engine)
+    assert before.keys() == idle_days_from_hours(db_engine).keys() and len(before) >= 2
+    for key, energy_j in idle_days_from_hours(db_engine).items():
+        assert before[key] == pytest.approx(energy_j)
+    # The truth from the batches: gpu1 idles IDLE_J a second, SECONDS seconds a job.
+    assert sum(before.values()) == pytest.approx(2 * IDLE_J * SECONDS)
+    report_before = client.get("/api/v1/report", params={"since": "60d"}).json()["idle"]
+    client.app.state.retention.run_once()  # type: ignore[attr-defined]
+    assert idle_days_stored(db_engine) == before  # the fold moves energy within a day only
+    for key, energy_j in idle_days_from_hours(db_engine).items():
+        assert before[key] == pytest.approx(energy_j)
+    assert client.get("/api/v1/report", params={"since": "60d"}).json()["idle"] == report_before
+
+
+def test_migration_0012_fills_idle_days_from_the_hours(stored: tuple[TestClient, FakeClock], db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        want = idle_days_from_hours(engine)
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE idle_energy_days"))
+            conn.execute(text("UPDATE alembic_version SET version_num = '0011'"))
+        migrate.upgrade(db_url)
+        got = idle_days_stored(engine)
+        assert got.keys() == want.keys()
+        for key, energy_j in want.items():
+            assert got[key] == pytest.approx(energy_j)
+    finally:
+        engine.dispose()

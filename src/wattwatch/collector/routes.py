@@ -153,6 +153,15 @@ def _writer(request: Request) -> Principal:
 Writer = Annotated[Principal, Depends(_writer)]
 
 
+def _json(body: Any) -> Response:
+    """``body`` (dicts, lists and scalars) as a JSON response, encoded by msgspec. FastAPI would walk it
+    with jsonable_encoder first: 85 ms of a 100-job report page, more than building it."""
+    return Response(content=_encoder.encode(body), media_type="application/json")
+
+
+_encoder = msgspec.json.Encoder()
+
+
 def _conflict(exc: repository.AgentIdTaken | repository.KeyReused) -> ApiError:
     if isinstance(exc, repository.AgentIdTaken):
         return ApiError(409, str(exc), "agent_id")
@@ -374,7 +383,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         label: contract.LabelFilter = None,
         limit: contract.Limit = contract.REPORT_DEFAULT_LIMIT,
         cursor: contract.Cursor = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, with the filters applied, one page
         at a time (``limit``; ``cursor``: the ``next_cursor`` of the page before).
 
@@ -412,7 +421,7 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
         except repository.BadCursor as exc:
             raise ApiError(422, f"cursor: {exc}", "cursor") from None
         report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}
-        return report
+        return _json(report)
 
     @router.get(
         "/api/v1/live",

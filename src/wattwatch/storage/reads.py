@@ -40,6 +40,7 @@ from wattwatch.storage.tables import (
     devices,
     hosts,
     idle_energy,
+    idle_energy_days,
     job_device_energy,
     job_hosts,
     jobs,
@@ -492,18 +493,21 @@ def idle_bounds(since_s: float | None, until_s: float | None, *, now_s: float) -
 def _idle(
     conn: Connection, *, since_s: float | None, host_names: set[str] | None, until_s: float | None = None
 ) -> list[dict[str, Any]]:
-    # Summed per device first (the window's hours through ix_idle_energy_hour_s), then named: the join and
-    # the grouping by names run over one row per device rather than one per device and hour. The bounds
-    # are idle_bounds', already whole hours or days.
-    per_device = select(idle_energy.c.device_id, func.sum(idle_energy.c.energy_j).label("energy_j"))
+    # Summed per device first (the window's rows through their time index), then named: the join and the
+    # grouping by names run over one row per device rather than one per device and hour. The bounds are
+    # idle_bounds', already whole hours or days; whole days are read from the days table, which holds the
+    # same sums in a 24th of the rows.
+    whole_days = all(t is None or t % DAY_S == 0.0 for t in (since_s, until_s))
+    table, when = (idle_energy_days, idle_energy_days.c.day_s) if whole_days else (idle_energy, idle_energy.c.hour_s)
+    per_device = select(table.c.device_id, func.sum(table.c.energy_j).label("energy_j"))
     if since_s is not None:
-        per_device = per_device.where(idle_energy.c.hour_s >= since_s)
+        per_device = per_device.where(when >= since_s)
     if until_s is not None:
-        per_device = per_device.where(idle_energy.c.hour_s < until_s)
+        per_device = per_device.where(when < until_s)
     if host_names is not None:
         on_hosts = select(devices.c.id).join(hosts, devices.c.host_id == hosts.c.id)
-        per_device = per_device.where(idle_energy.c.device_id.in_(on_hosts.where(hosts.c.name.in_(sorted(host_names)))))
-    sums = per_device.group_by(idle_energy.c.device_id).subquery()
+        per_device = per_device.where(table.c.device_id.in_(on_hosts.where(hosts.c.name.in_(sorted(host_names)))))
+    sums = per_device.group_by(table.c.device_id).subquery()
     stmt = (
         select(hosts.c.name, devices.c.key, devices.c.kind, sums.c.energy_j)
         .select_from(sums.join(devices, sums.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id))

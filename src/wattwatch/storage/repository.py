@@ -26,6 +26,7 @@ from wattwatch.storage.reads import (
     BadCursor,
     MetricsSnapshot,
     build_report,
+    day_floor_s,
     get_job,
     list_jobs,
     metrics_snapshot,
@@ -35,6 +36,7 @@ from wattwatch.storage.tables import (
     device_energy,
     hosts,
     idle_energy,
+    idle_energy_days,
     job_device_energy,
     job_hosts,
     jobs,
@@ -407,7 +409,7 @@ def _merge_job_hosts(conn: Connection, stmt: Any) -> Any:
 
 
 def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
-    """Add idle energy per (device, hour) onto ``idle_energy``."""
+    """Add idle energy per (device, hour) onto ``idle_energy``, and per (device, day) onto ``idle_energy_days``."""
     if not rows:
         return
     stmt, params = cached_upsert(
@@ -418,6 +420,21 @@ def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
         lambda base: base.on_conflict_do_update(
             index_elements=[idle_energy.c.device_id, idle_energy.c.hour_s],
             set_={"energy_j": idle_energy.c.energy_j + base.excluded.energy_j},
+        ),
+    )
+    conn.execute(stmt, params)
+    per_day: dict[tuple[int, float], float] = {}
+    for d, h, e in rows:
+        key = (d, day_floor_s(h))
+        per_day[key] = per_day.get(key, 0.0) + e
+    stmt, params = cached_upsert(
+        conn,
+        "add_idle_days",
+        idle_energy_days,
+        [{"device_id": d, "day_s": day_s, "energy_j": e} for (d, day_s), e in sorted(per_day.items())],
+        lambda base: base.on_conflict_do_update(
+            index_elements=[idle_energy_days.c.device_id, idle_energy_days.c.day_s],
+            set_={"energy_j": idle_energy_days.c.energy_j + base.excluded.energy_j},
         ),
     )
     conn.execute(stmt, params)

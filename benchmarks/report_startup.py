@@ -3,7 +3,8 @@
 
 Each figure is the median of ``--repeat`` runs after one warm-up run (files in the page cache, bytecode
 cached in ``__pycache__`` as an installed package has it, even where PYTHONDONTWRITEBYTECODE is set):
-``wattwatch report --db URL`` on an empty, migrated SQLite file and on an empty, migrated scratch
+``wattwatch report --db URL`` on an empty, migrated SQLite file, ``wattwatch report --server`` against a
+collector serving that file, and ``wattwatch report --db URL`` on an empty, migrated scratch
 PostgreSQL database (WATTWATCH_TEST_PG_URL, default postgresql://postgres@127.0.0.1:5432/test; created and
 dropped). The target is 200 ms; the ratio to ``python -c pass`` says how much of it is wattwatch's own,
 whatever the machine's speed. Then the imports of one ``report`` run, by top-level module, largest first.
@@ -28,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ingest import on_pg_scratch
+from load import start_collector
 from mdtable import command, paragraph, table
 
 TARGET_MS = 200.0
@@ -84,6 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [("`python -c pass`", python_ms), ("`wattwatch --help`", help_ms)]
         report = [*WATTWATCH, "report", "--db", sqlite_url]
         rows.append(("`wattwatch report`, empty SQLite", median_ms(report, env, args.repeat)))
+        # Through a running collector (on the same file): the client needs no database driver at all.
+        collector, port = start_collector(sqlite_url, 1, Path(tmp))
+        try:
+            served = [*WATTWATCH, "report", "--server", f"http://127.0.0.1:{port}"]
+            rows.append(("`wattwatch report --server`, a collector on it", median_ms(served, env, args.repeat)))
+        finally:
+            collector.terminate()
+            collector.wait(timeout=30)
         note = ""
         if not args.sqlite_only:
             base = os.environ.get("WATTWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -247,3 +247,16 @@ def test_recent_power_is_the_latest_second_of_ticks() -> None:
     # Fewer ticks than a second: their own span. No time at all: unknown.
     assert recent_power([(0.0, 0.4, 40.0)]) == (pytest.approx(100.0), 0.4)
     assert recent_power([]) is None
+
+
+def test_power_now_sums_each_devices_latest_second_when_reads_do_not_line_up() -> None:
+    """A GPU read on whole seconds and a CPU package read 0.3 s later, holding a sliver of the job: the
+    job's power now is the GPU's 600 W plus the CPU's share, not the CPU's last second alone."""
+    gpu = [IntervalIn("gpu0", t, t + 1.0, 600.0, "counter", {"job": 1.0}) for t in (0.0, 1.0, 2.0)]
+    cpu = [
+        IntervalIn("cpu0", t + 0.3, t + 1.3, 100.0, "counter", {"job": 1.0}, idle_weight=999.0) for t in (0.0, 1.0, 2.0)
+    ]
+    out = rollup_intervals([*gpu, *cpu])
+    jh = out.job_host["job"]
+    assert jh.recent_power_w == pytest.approx(600.0 + 100.0 / 1000.0)
+    assert jh.recent_at_s == 3.3

@@ -113,6 +113,9 @@ def rollup_intervals(intervals: Iterable[IntervalLike]) -> BatchRollup:
     job_device, job_host, idle, ticks = out.job_device, out.job_host, out.idle_j, out.job_ticks_j
     device_windows: dict[tuple[str, str, int], list[float]] = {}
     host_windows: dict[tuple[str, int], list[float]] = {}
+    # Each job's parts per device, for "power now": devices are read at their own times (an energy
+    # counter's refresh, RAPL's), so the job's ticks summed over devices do not line up.
+    device_ticks: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     floor = math.floor
     hour_s = HOUR_S
     window_s = PEAK_WINDOW_S
@@ -168,6 +171,11 @@ def rollup_intervals(intervals: Iterable[IntervalLike]) -> BatchRollup:
                         w[2] = t1
                 tick = (job_id, t0, t1)
                 ticks[tick] = ticks.get(tick, 0.0) + part_j
+                held_ticks = device_ticks.get(key)
+                if held_ticks is None:
+                    device_ticks[key] = [(t0, t1, part_j)]
+                else:
+                    held_ticks.append((t0, t1, part_j))
                 jh = job_host.get(job_id)
                 if jh is None:
                     jh = job_host[job_id] = JobHostTotals()
@@ -188,7 +196,7 @@ def rollup_intervals(intervals: Iterable[IntervalLike]) -> BatchRollup:
         if power_w is not None:
             jh = job_host[job_id]
             jh.peak_power_w = max(jh.peak_power_w, power_w)
-    _add_recent_power(out)
+    _add_recent_power(out, device_ticks)
     return out
 
 
@@ -210,12 +218,21 @@ def recent_power(ticks: Iterable[tuple[float, float, float]]) -> tuple[float, fl
     return (energy_j / span_s, end_s) if span_s > 0 else None
 
 
-def _add_recent_power(out: BatchRollup) -> None:
-    per_job: dict[str, list[tuple[float, float, float]]] = {}
-    for (job_id, t_start_s, t_end_s), energy_j in out.job_ticks_j.items():
-        per_job.setdefault(job_id, []).append((t_start_s, t_end_s, energy_j))
-    for job_id, ticks in per_job.items():
+def _add_recent_power(out: BatchRollup, device_ticks: dict[tuple[str, str], list[tuple[float, float, float]]]) -> None:
+    """Each job's power now: the sum over its devices of each device's power over its own latest
+    ``RECENT_POWER_S`` of intervals, as of the latest of those ends.
+
+    Summing first and taking the latest second after would let one device's later read stand for the
+    job: a CPU package read 0.3 s after the GPUs, holding a sliver of the job, made a 600 W job read
+    0.0015 W."""
+    per_job: dict[str, tuple[float, float]] = {}
+    for (job_id, _device), ticks in device_ticks.items():
         found = recent_power(ticks)
-        if found is not None:
-            jh = out.job_host[job_id]
-            jh.recent_power_w, jh.recent_at_s = found
+        if found is None:
+            continue
+        power_w, end_s = found
+        total_w, at_s = per_job.get(job_id, (0.0, -math.inf))
+        per_job[job_id] = (total_w + power_w, max(at_s, end_s))
+    for job_id, (power_w, at_s) in per_job.items():
+        jh = out.job_host[job_id]
+        jh.recent_power_w, jh.recent_at_s = power_w, at_s

@@ -70,6 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=15, help="runs per figure (median; default 15)")
     p.add_argument("--top", type=int, default=12, help="top-level imports to list (default 12)")
     p.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
+    p.add_argument(
+        "--db",
+        default="",
+        help="also a filled database (e.g. one report_scale.fill wrote): report --db on it, and --server "
+        "through a collector on it, a first page of --limit jobs",
+    )
+    p.add_argument("--limit", type=int, default=100, help="jobs per page on --db's database (default 100)")
     args = p.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     if args.repeat < 1:
@@ -105,6 +112,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             pg_ms, note = on_pg_scratch(base, on_pg)
             if pg_ms is not None:
                 rows.append(("`wattwatch report`, empty PostgreSQL", pg_ms))
+        if args.db:
+            page = ["--limit", str(args.limit)]
+            rows.append(
+                (
+                    f"`wattwatch report --db`, the filled database ({args.limit} jobs a page)",
+                    median_ms([*WATTWATCH, "report", "--db", args.db, *page], env, args.repeat),
+                )
+            )
+            collector, port = start_collector(args.db, 1, Path(tmp))
+            try:
+                served = [*WATTWATCH, "report", "--server", f"http://127.0.0.1:{port}", *page]
+                rows.append(("`wattwatch report --server`, a collector on it", median_ms(served, env, args.repeat)))
+            finally:
+                collector.terminate()
+                collector.wait(timeout=30)
         imports = import_breakdown(report, env, args.top)
     print(command("report_startup.py", argv))
     print(

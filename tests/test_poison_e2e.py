@@ -318,8 +318,11 @@ def test_a_wrong_token_sets_nothing_aside_and_the_right_one_lands_everything(
         assert stored_seqs(db_url) == set()
     finally:
         out = agent.stop()
-    errors = [line for line in out.splitlines() if "refused our token (HTTP 401" in line]
+    # Logged at ERROR; the stop's own summary (not a log line) repeats the reason and says nothing is lost.
+    said = [line for line in out.splitlines() if "refused our token (HTTP 401" in line]
+    errors = [line for line in said if not line.startswith("wattwatch agent:")]
     assert errors and all(" ERROR " in line for line in errors), out
+    assert all("nothing is lost" in line for line in said if line.startswith("wattwatch agent:")), out
     assert "set aside (" not in out
     agent = start_agent(home, url, metrics_port, WATTWATCH_TOKEN="the-right-token")
     try:

@@ -45,7 +45,7 @@ class JobHostTotals:
     peak_power_w: float = 0.0
     first_s: float = math.inf
     last_s: float = -math.inf
-    # Power over the job's latest RECENT_POWER_S of ticks in the batch, and the end of those ticks.
+    # The job's power over each device's latest RECENT_POWER_S in the batch, summed, and the latest end.
     recent_power_w: float | None = None
     recent_at_s: float | None = None
 
@@ -71,8 +71,8 @@ class BatchRollup:
 # counts once it spans at least MIN_POWER_WINDOW_S. The report never shows a peak below the average.
 PEAK_WINDOW_S = 1.0
 MIN_POWER_WINDOW_S = 0.5
-# "Power now" for /metrics: the job's energy over its latest ticks covering at least this long (or all of
-# the batch's ticks when they cover less), over the span they cover.
+# "Power now" for /metrics: per device, the job's energy over its latest intervals covering at least this
+# long (or all of the batch's when they cover less), over the span they cover; summed over its devices.
 RECENT_POWER_S = 1.0
 
 

@@ -151,7 +151,8 @@ job_hosts = Table(
     Column("peak_power_w", Float, nullable=False),
     Column("first_s", Float, nullable=False),
     Column("last_s", Float, nullable=False),
-    # Power now: the job's power over the host's latest pushed second of ticks, and where that ends.
+    # Power now: the job's power over each device's latest pushed second, summed over the host's devices,
+    # and where the latest of those ends.
     Column("power_w", Float, nullable=True),
     Column("power_at_s", Float, nullable=True),
 )

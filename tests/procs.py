@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import unavailable
@@ -58,3 +59,16 @@ def promtool_check(text: str, camel_case_labels: Iterable[str] = ()) -> None:
         problems = [line for line in problems if not _CAMEL_CASE_LINT.match(line)]
     # Exit status 3 is lint only; with the allowed lint filtered out nothing may be left.
     assert result.returncode in ((0, 3) if allowed else (0,)) and not problems, result.stdout + result.stderr
+
+
+def cli_outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``wattwatch`` in-process as a user would type it: (exit code, stdout, stderr); never a traceback."""
+    from wattwatch.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return code, out.out, out.err

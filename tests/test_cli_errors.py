@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import WATTWATCH, free_port
-from wattwatch.cli import main
+from procs import WATTWATCH, cli_outcome, free_port
 from wattwatch.storage import migrate
 
 
@@ -20,16 +19,6 @@ from wattwatch.storage import migrate
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("WATTWATCH_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-def outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize(
@@ -43,7 +32,7 @@ def outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = outcome(argv, capsys)
+    code, _, err = cli_outcome(argv, capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1, err
     assert needle in err
@@ -51,30 +40,30 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str, capsys: pyte
 
 def test_global_options_work_after_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     other = tmp_path / "other"
-    code, out, _ = outcome(["db", "upgrade", "--home", str(other)], capsys)
+    code, out, _ = cli_outcome(["db", "upgrade", "--home", str(other)], capsys)
     assert code == 0 and str(other) in out
     # Before and after the command alike; after wins.
-    assert outcome(["report", "--home", str(other)], capsys)[:2] == (
+    assert cli_outcome(["report", "--home", str(other)], capsys)[:2] == (
         0,
-        outcome(["--home", str(other), "report"], capsys)[1],
+        cli_outcome(["--home", str(other), "report"], capsys)[1],
     )
-    code, _, err = outcome(["--home", str(other), "report", "--home", str(tmp_path / "none")], capsys)
+    code, _, err = cli_outcome(["--home", str(other), "report", "--home", str(tmp_path / "none")], capsys)
     assert code == 2 and "none" in err
-    code, _, _ = outcome(["report", "--home", str(other), "--log-level", "warning", "-v"], capsys)
+    code, _, _ = cli_outcome(["report", "--home", str(other), "--log-level", "warning", "-v"], capsys)
     assert code == 0
 
 
 def test_db_upgrade_says_what_it_did(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'w.db'}"
     head = migrate.head_revision()
-    code, out, _ = outcome(["db", "upgrade", "--db", url], capsys)
+    code, out, _ = cli_outcome(["db", "upgrade", "--db", url], capsys)
     assert code == 0 and f"created the schema (revision {head})" in out
-    code, out, _ = outcome(["db", "upgrade", "--db", url], capsys)
+    code, out, _ = cli_outcome(["db", "upgrade", "--db", url], capsys)
     assert code == 0 and "already at the current schema" in out and "nothing to do" in out
     older = sorted(migrate.known_revisions())[-2]
     old_url = f"sqlite:///{tmp_path / 'old.db'}"
     migrate.upgrade(old_url, older)
-    code, out, _ = outcome(["db", "upgrade", "--db", old_url], capsys)
+    code, out, _ = cli_outcome(["db", "upgrade", "--db", old_url], capsys)
     assert code == 0 and f"upgraded {old_url} from revision {older} to {head}" in out
 
 

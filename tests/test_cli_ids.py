@@ -17,9 +17,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from procs import WATTWATCH, free_port, wait_for
+from procs import WATTWATCH, cli_outcome, free_port, wait_for
 from wattwatch import wire
-from wattwatch.cli import main
 from wattwatch.storage import repository
 
 NOW = time.time()
@@ -45,16 +44,6 @@ def jobs_db(db_url: str, db_engine: Engine) -> str:
     return db_url
 
 
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return code, out.out, out.err
-
-
 def table_ids(out: str) -> list[str]:
     """The JOB column of a table."""
     lines = out.splitlines()
@@ -63,19 +52,19 @@ def table_ids(out: str) -> list[str]:
 
 
 def test_the_table_shows_prefixes_that_select_their_job(jobs_db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["report", "--db", jobs_db], capsys)
+    code, out, _ = cli_outcome(["report", "--db", jobs_db], capsys)
     assert code == 0
     shown = table_ids(out)
     # Shortest unique prefix, 8 characters at least: 17 for the pair sharing 16.
     assert shown == ["3f2a9c1e00000000a", "3f2a9c1e00000000b", "77aa0000"]
     for prefix, full in zip(shown, IDS, strict=True):
-        code, out, _ = run_cli(["report", "--db", jobs_db, "--job", prefix, "--format", "json"], capsys)
+        code, out, _ = cli_outcome(["report", "--db", jobs_db, "--job", prefix, "--format", "json"], capsys)
         assert code == 0
         assert [j["id"] for j in json.loads(out)["jobs"]] == [full]
 
 
 def test_markdown_shows_the_same_prefixes(jobs_db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["report", "--db", jobs_db, "--format", "markdown"], capsys)
+    code, out, _ = cli_outcome(["report", "--db", jobs_db, "--format", "markdown"], capsys)
     assert code == 0
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| JOB |")
@@ -83,7 +72,7 @@ def test_markdown_shows_the_same_prefixes(jobs_db: str, capsys: pytest.CaptureFi
 
 
 def test_a_unique_name_selects_the_job(jobs_db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["report", "--db", jobs_db, "--job", "chat-serve", "--format", "csv"], capsys)
+    code, out, _ = cli_outcome(["report", "--db", jobs_db, "--job", "chat-serve", "--format", "csv"], capsys)
     assert code == 0
     assert [r["id"] for r in csv.DictReader(io.StringIO(out))] == ["77aa0000cafe"]
 
@@ -92,7 +81,7 @@ def test_a_unique_name_selects_the_job(jobs_db: str, capsys: pytest.CaptureFixtu
 def test_an_ambiguous_reference_lists_the_candidates(
     jobs_db: str, ref: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run_cli(["report", "--db", jobs_db, "--job", ref], capsys)
+    code, _, err = cli_outcome(["report", "--db", jobs_db, "--job", ref], capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "ambiguous" in err and "matches 2 jobs" in err
@@ -101,9 +90,9 @@ def test_an_ambiguous_reference_lists_the_candidates(
 
 
 def test_a_full_id_wins_and_an_unknown_reference_exits_2(jobs_db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["report", "--db", jobs_db, "--job", "3f2a9c1e00000000aaaa", "--format", "json"], capsys)
+    code, out, _ = cli_outcome(["report", "--db", jobs_db, "--job", "3f2a9c1e00000000aaaa", "--format", "json"], capsys)
     assert code == 0 and len(json.loads(out)["jobs"]) == 1
-    code, _, err = run_cli(["report", "--db", jobs_db, "--job", "ffff"], capsys)
+    code, _, err = cli_outcome(["report", "--db", jobs_db, "--job", "ffff"], capsys)
     assert code == 2 and "no job 'ffff'" in err
 
 
@@ -144,14 +133,16 @@ def collector(jobs_db: str, tmp_path: Path) -> Iterator[str]:
 
 
 def test_a_collector_resolves_references_the_same_way(collector: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["report", "--server", collector], capsys)
+    code, out, _ = cli_outcome(["report", "--server", collector], capsys)
     assert code == 0
     assert table_ids(out) == ["3f2a9c1e00000000a", "3f2a9c1e00000000b", "77aa0000"]
-    code, out, _ = run_cli(["report", "--server", collector, "--job", "3f2a9c1e00000000b", "--format", "json"], capsys)
+    code, out, _ = cli_outcome(
+        ["report", "--server", collector, "--job", "3f2a9c1e00000000b", "--format", "json"], capsys
+    )
     assert code == 0 and [j["id"] for j in json.loads(out)["jobs"]] == ["3f2a9c1e00000000bbbb"]
-    code, out, _ = run_cli(["report", "--server", collector, "--job", "chat-serve", "--format", "json"], capsys)
+    code, out, _ = cli_outcome(["report", "--server", collector, "--job", "chat-serve", "--format", "json"], capsys)
     assert code == 0 and [j["id"] for j in json.loads(out)["jobs"]] == ["77aa0000cafe"]
-    code, _, err = run_cli(["report", "--server", collector, "--job", "llama-ft"], capsys)
+    code, _, err = cli_outcome(["report", "--server", collector, "--job", "llama-ft"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "ambiguous" in err and "3f2a9c1e00000000a" in err
     # The HTTP answer itself: 422 naming the parameter.
@@ -160,6 +151,6 @@ def test_a_collector_resolves_references_the_same_way(collector: str, capsys: py
 
 
 def test_an_unreachable_collector_is_a_runtime_error_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(["report", "--server", f"http://127.0.0.1:{free_port()}"], capsys)
+    code, _, err = cli_outcome(["report", "--server", f"http://127.0.0.1:{free_port()}"], capsys)
     assert code == 1
     assert len(err.strip().splitlines()) == 1 and "unreachable" in err

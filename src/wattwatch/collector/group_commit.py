@@ -54,6 +54,7 @@ class GroupCommitter:
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self.groups = 0  # transactions committed (for tests and the curious)
+        # One for every writer thread (it stages each thread's running transaction apart).
         self._device_cache = DeviceCache()
 
     def submit(self, batch: wire.Batch, received_at_s: float) -> IngestResult:
@@ -121,7 +122,7 @@ class GroupCommitter:
         IngestResult, or what refused it (AgentIdTaken, KeyReused, the database's error)."""
         for attempt in range(RETRIES + 1):
             try:
-                outcomes: list[Outcome | Exception] = list(ingest_many(self._engine, group, self._cache()))
+                outcomes: list[Outcome | Exception] = list(ingest_many(self._engine, group, self._device_cache))
             except DBAPIError as exc:
                 sqlstate = getattr(exc.orig, "sqlstate", None)
                 if sqlstate in RETRY_SQLSTATES and attempt < RETRIES:
@@ -133,10 +134,6 @@ class GroupCommitter:
             self.groups += 1
             return outcomes
         raise AssertionError("unreachable")
-
-    def _cache(self) -> DeviceCache:
-        # One for every writer thread (it stages each thread's running transaction apart).
-        return self._device_cache
 
     def _isolate(self, group: list[Pending], exc: Exception) -> list[Outcome | Exception]:
         if len(group) == 1:

@@ -93,10 +93,6 @@ class DeviceCache:
             staged = self._local.jobs = set()
         return staged
 
-    def known_jobs(self) -> set[str]:
-        """Job ids committed with a row (for membership tests only: other threads add to it)."""
-        return self.jobs
-
     def stage_jobs(self, job_ids: set[str]) -> None:
         """Remember job ids the running transaction gave a row, for ``commit``."""
         self._staged_jobs.update(job_ids)
@@ -424,7 +420,8 @@ def _upsert_jobs(conn: Connection, items: Sequence[Pending], cache: DeviceCache 
     per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
     real_ids = [r["id"] for rows in per_item for r in rows if not r["placeholder"]]
     real = set(real_ids)
-    known = cache.known_jobs() if cache is not None else set()
+    # Membership tests only: other writer threads add to it (under the GIL, a test sees it whole).
+    known = cache.jobs if cache is not None else set()
     placeholders: dict[str, dict[str, Any]] = {}
     for rows in per_item:
         for r in rows:

@@ -168,7 +168,10 @@ class Pusher:
             reason = untrusted_certificate(exc)
             self._fail(untrusted_message(self.url, reason) if reason else f"collector {self.url} unreachable: {exc}")
             return Verdict.BLOCKED
-        field, error = _field_of(resp), _error_of(resp)
+        if 200 <= resp.status < 300:  # the usual answer: its body says nothing the verdict needs
+            field = error = ""
+        else:
+            field, error = _field_of(resp), _error_of(resp)
         verdict = verdict_of(resp.status, field)
         if verdict is Verdict.LANDED:
             self.spool.ack(seq)

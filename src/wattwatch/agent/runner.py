@@ -267,6 +267,7 @@ class Agent:
                 self.tracker.weigh, lambda ivs: self.outbox.add(intervals=ivs, marks=self.sampler.marks_at(ivs))
             )
         self._backfill = Backfill()
+        self._gpu_holders: dict[str, list[str]] | None = None  # the registry's holders, as of this sample
         self._gpu_keys = frozenset(k for k, d in self.sampler.devices.items() if d.kind == "gpu")
         self._worker = threading.Thread(target=self._work, name="wattwatch-sampler", daemon=True)
         self._ticking = False  # the worker ticks on its own schedule once started
@@ -595,6 +596,7 @@ class Agent:
         boundary = event.kind in ("start", "end")
         # The intervals closed here belong to the jobs that held the devices until now: sample first,
         # then apply what this event changes.
+        self._gpu_holders = None  # read once per sample, by the first GPU interval it closes
         sampled = self.sampler.sample(self._shares, at_s=event.t_s if boundary else None, final=event.kind == "stop")
         # The backfill first: what it holds on a GPU waits there in order, shared intervals behind it included
         # (else the settler would hand a later one over first, and move the GPU's checkpoint past it).
@@ -760,9 +762,12 @@ class Agent:
     def _shares(self, device: DeviceInfo, t_start_s: float, t_end_s: float) -> tuple[dict[str, float], float]:
         if device.kind == "gpu":
             # Several holders: weighed a moment later, when NVML's utilisation samples cover the whole
-            # interval (``_hold_shared``).
-            holders = self.registry.holders().get(device.key, [])
-            return dict.fromkeys(holders, 1.0), 0.0
+            # interval (``_hold_shared``). The registry changes only on this thread, after the sample: one
+            # look serves every GPU of it.
+            holders = self._gpu_holders
+            if holders is None:
+                holders = self._gpu_holders = self.registry.holders()
+            return dict.fromkeys(holders.get(device.key, ()), 1.0), 0.0
         if device.kind == "cpu":
             return self._cpu.shares(self.registry.snapshot(), t_end_s - t_start_s, at_s=t_end_s)
         if device.kind == "dram":

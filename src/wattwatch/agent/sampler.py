@@ -111,6 +111,19 @@ class Sampler:
         self._marks_lock = threading.Lock()
         self.last_t_s = 0.0
         self.stats = SampleStats([s.name for s in self.sensors])
+        # The devices are fixed at construction: their wire form is built once (every staged tick and every
+        # batch lists them).
+        self._wire_devices = [
+            wire.Device(
+                key=d.key,
+                kind=d.kind,
+                index=d.index,
+                uuid=d.uuid,
+                model=d.model,
+                power_limit_w=d.power_limit_w,
+            )
+            for d in self._devices.values()
+        ]
 
     @property
     def devices(self) -> Mapping[str, DeviceInfo]:
@@ -285,15 +298,5 @@ class Sampler:
         return out
 
     def wire_devices(self) -> list[wire.Device]:
-        """The measured devices in wire form."""
-        return [
-            wire.Device(
-                key=d.key,
-                kind=d.kind,
-                index=d.index,
-                uuid=d.uuid,
-                model=d.model,
-                power_limit_w=d.power_limit_w,
-            )
-            for d in self._devices.values()
-        ]
+        """The measured devices in wire form (a new list; the devices in it are shared, not to be changed)."""
+        return list(self._wire_devices)

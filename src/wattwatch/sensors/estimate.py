@@ -120,18 +120,29 @@ class CpuTimesUtilisation:
 
     Keeps its own previous sample, unlike ``psutil.cpu_percent()``, whose module-wide state other
     callers in the process would disturb. Read directly on Linux: one line, where psutil builds a
-    named tuple through several layers every tick.
+    named tuple through several layers every tick, from a descriptor kept open (``pread`` at offset 0
+    makes the kernel render the file afresh; opening and closing it every tick cost as much again).
     """
 
     def __init__(self, proc_stat: str = "/proc/stat") -> None:
         self._proc_stat = proc_stat
+        self._fd: int | None = None
         self._last = self._times()
+
+    def _first_line(self) -> bytes:
+        if self._fd is None:
+            self._fd = os.open(self._proc_stat, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            head = os.pread(self._fd, 512, 0)
+        except OSError:
+            self.close()  # read again through a fresh descriptor next time
+            raise
+        return head.split(b"\n", 1)[0]
 
     def _times(self) -> tuple[float, float]:
         """(total, idle + iowait) CPU time so far, in any one unit."""
         try:
-            with open(self._proc_stat, "rb") as f:
-                fields = f.readline().split()
+            fields = self._first_line().split()
             if fields[:1] == [b"cpu"] and len(fields) >= 6:
                 values = [float(v) for v in fields[1:]]
                 return sum(values), values[3] + values[4]
@@ -141,6 +152,12 @@ class CpuTimesUtilisation:
 
         times = psutil.cpu_times()
         return sum(times), sum(getattr(times, n, 0.0) for n in ("idle", "iowait"))
+
+    def close(self) -> None:
+        """Close the kept descriptor; idempotent (a later call opens it again)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def __call__(self) -> float:
         """Percent busy since the previous call (0-100)."""
@@ -251,7 +268,10 @@ class CpuEstimateSensor:
             return self._emit(t_s, energy_j)
 
     def close(self) -> None:
-        """Nothing to release; idempotent."""
+        """Close what the utilisation reader keeps open; idempotent."""
+        close = getattr(self._cpu_percent, "close", None)
+        if callable(close):
+            close()
 
 
 def installed_memory_gib(meminfo_path: Path = Path("/proc/meminfo")) -> float | None:

@@ -62,7 +62,7 @@ class Latency:
 
     def add(self, seconds: float) -> None:
         """Record one call's duration."""
-        self._seconds.append(max(0.0, seconds))
+        self._seconds.append(seconds if seconds > 0.0 else 0.0)
 
     def summary(self) -> tuple[float, float, int] | None:
         """(median, 95th percentile, calls) in seconds; None before any call."""
@@ -238,25 +238,29 @@ def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) 
         # ahead) or just after it, wait past that refresh first, then read once (reading first and again
         # after the wait costs a counter read per GPU near a refresh, every tick).
         now_s = reads.clock()
-        if timing.trusted(now_s):
-            wait_s = timing.wait_before_read_s(now_s, now_s + max(0.0, before.end_s - before.start_s))
-            if wait_s > 0.0:
-                sleep(wait_s)
+        wait_s = timing.trusted_wait_s(now_s, now_s, now_s + max(0.0, before.end_s - before.start_s))
+        if wait_s is not None and wait_s > 0.0:
+            sleep(wait_s)
     read = reads.counter(dev)
-    if not (dev.has_instant and timing.trusted(read.end_s)):
+    # None: the phase is not trusted as of the read (no extrapolation); else how long to wait past a
+    # refresh the read may straddle (or be just before).
+    wait_s = timing.trusted_wait_s(read.end_s, read.start_s, read.end_s) if dev.has_instant else None
+    if wait_s is None:
         dev.last_read = read
         reads.observe(dev, read.raw_mj, read.end_s)
         return read.end_s, dev.cumulative_j, 0.0
-    for _ in range(3):
-        wait_s = timing.wait_before_read_s(read.start_s, read.end_s)
-        if wait_s <= 0.0:
-            break
-        # The read may straddle a refresh (or be just before one): read again past it; if the value
-        # moved in between, that brackets the refresh, so learn from it.
+    rereads = 0
+    while wait_s > 0.0:
+        # Read again past that refresh; if the value moved in between, that brackets the refresh, so
+        # learn from it. At most three times.
         sleep(wait_s)
         first, read = read, reads.counter(dev)
         if read.raw_mj > first.raw_mj:
             timing.add(Change.between(first, read), timing.new_run())
+        rereads += 1
+        if rereads == 3:
+            break
+        wait_s = timing.wait_before_read_s(read.start_s, read.end_s)
     power_w = reads.instant_power_w(dev)
     dev.last_read = read
     if before is not None and not timing.consistent(read.raw_mj != before.raw_mj, before, read):
@@ -280,8 +284,10 @@ def emit(
     value_j = max(energy_j, dev.returned_j)
     extrapolated_j = min(max(0.0, extrapolated_j), value_j - dev.returned_j)
     dev.returned_j = value_j - extrapolated_j
-    all_flags = tuple(sorted(dev.pending_flags.union(flags)))
-    dev.pending_flags.clear()
+    all_flags: tuple[str, ...] = ()
+    if dev.pending_flags or flags:  # rare: most readings carry no flag
+        all_flags = tuple(sorted(dev.pending_flags.union(flags)))
+        dev.pending_flags.clear()
     # On the counter's own scale (since driver load): base_j only holds what resets added.
     counter_j = value_j - dev.base_j if dev.has_counter else None
     return EnergyReading(

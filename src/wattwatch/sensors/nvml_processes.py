@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wattwatch.errors import DeviceNotFound, NotSupported
-from wattwatch.sensors.nvml_errors import nvml_errors
+from wattwatch.sensors.nvml_errors import nvml_errors, translate_nvml_error
 from wattwatch.sensors.nvml_grid import Change, coarse_period
 
 # Per-process samples stamped closer than this are one sampling instant (several processes listed).
@@ -36,11 +36,14 @@ class ProcessSample:
 def list_pids(nvml: Any, handle: Any, key: str) -> set[int]:
     """Pids of the compute processes NVML lists on GPU ``key`` (empty when it does not support the
     call); other NVML errors raise, translated."""
+    # Every GPU, every tick: errors are caught inline and their message built only when one happens.
     try:
-        with nvml_errors(nvml, f"listing processes on {key}"):
-            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    except NotSupported:
-        return set()
+        procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except nvml.NVMLError as exc:
+        error = translate_nvml_error(nvml, exc, f"listing processes on {key}")
+        if isinstance(error, NotSupported):
+            return set()
+        raise error from exc
     return {int(p.pid) for p in procs}
 
 

@@ -272,6 +272,19 @@ class CounterTiming:
         assert fit is not None, "check trusted() first"
         return fit
 
+    def trusted_wait_s(self, at_s: float, start_s: float, end_s: float) -> float | None:
+        """``wait_before_read_s(start_s, end_s)`` when the phase is ``trusted`` at ``at_s``, else None: a tick
+        read's two questions in one look at the grid (asked for every GPU, every tick)."""
+        fit = self.fit
+        if fit is None or at_s - self.last_seen_s >= PHASE_MAX_AGE_S:
+            return None
+        period_s = fit.period_s
+        if fit.width_at(at_s) > PHASE_MAX_WIDTH_SHARE * period_s:
+            return None
+        lo, hi = fit.window(fit.last_before(start_s) + 1)
+        near_s = min(NEAR_REFRESH_S, NEAR_REFRESH_SHARE * period_s)
+        return max(0.0, hi - end_s) + READ_MARGIN_S if lo < end_s + near_s else 0.0
+
     def wait_before_read_s(self, start_s: float, end_s: float, near: bool = True) -> float:
         """How long to wait before reading again, for a read that ran from ``start_s`` to ``end_s``: past
         the next refresh when it may fall within the read (the value could be from either side of it)

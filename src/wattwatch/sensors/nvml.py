@@ -265,45 +265,47 @@ class NvmlSensor:
         returned as of the read. On part-time boards the instant reading is held (the sampled end of
         the last period): it still extrapolates the gap better than leaving it out.
         """
-        out: dict[str, EnergyReading] = {}
         with self._lock:
-
-            def tick(dev: GpuDevice) -> None:
-                try:
-                    if dev.has_counter:
-                        t_s, energy_j, extrapolated_j = tick_read(self._reads, dev, self._sleep)
-                        out[dev.key] = self._emit(dev, t_s, energy_j, extrapolated_j=extrapolated_j)
-                    else:
-                        self._reads.sample_power(dev)
-                        assert dev.power_t_s is not None
-                        out[dev.key] = self._emit(dev, dev.power_t_s, dev.integral_j)
-                except SensorError as exc:
-                    self._fail(dev, exc)
-
             now_s = self._clock()
-            counters = [d for d in self._live() if d.has_counter]
+            live = self._live()
+            counters = [d for d in live if d.has_counter]
             # GPUs due for a calibration poll are polled first. Full ones are rare (nothing learned, or not
             # trusted for PHASE_MAX_AGE_S); short ones wait at most SHORT_POLL_MAX_S, for a refresh that is
             # due anyway, to keep the phase narrow.
             calibrated: set[str] = set()
-            plans = {d.key: d.timing.tick_plan(now_s) for d in counters}  # one look at each GPU's grid
-            self._poller.calibrate([d for d in counters if plans[d.key][0]], lambda dev: calibrated.add(dev.key))
+            plans = [(d, d.timing.tick_plan(now_s)) for d in counters]  # one look at each GPU's grid
+            wanted = [d for d, (wants, _) in plans if wants]
+            if wanted:
+                self._poller.calibrate(wanted, lambda dev: calibrated.add(dev.key))
             now_s = self._clock()  # those polls may have taken up to a period
             due = {
                 d.key: until_s - now_s
-                for d in counters
-                if (until_s := plans[d.key][1]) is not None and d.key not in calibrated and until_s > now_s
+                for d, (_, until_s) in plans
+                if until_s is not None and d.key not in calibrated and until_s > now_s
             }
-            short = [d for d in counters if due.get(d.key, math.inf) <= SHORT_POLL_MAX_S]
+            short = [d for d in counters if due.get(d.key, math.inf) <= SHORT_POLL_MAX_S] if due else []
             if short:
                 limit_s = max(due[d.key] for d in short) + 2 * self.poll_interval_s
                 self._poller.calibrate(short, limit_s=limit_s)
+            if wanted or short:
+                live = self._live()  # a poll may have found a GPU lost
             # Then every GPU is read, back to back, so the readings are of one instant: the agent stamps a
             # sample's readings alike, and a GPU read as its poll ended, up to a poll's length (~0.2 s)
             # before the others, would have that much of its power moved across the tick.
-            for dev in self._live():
-                tick(dev)
-            return [out[d.key] for d in self._live() if d.key in out]
+            out: list[EnergyReading] = []
+            reads, sleep = self._reads, self._sleep
+            for dev in live:
+                try:
+                    if dev.has_counter:
+                        t_s, energy_j, extrapolated_j = tick_read(reads, dev, sleep)
+                        out.append(self._emit(dev, t_s, energy_j, extrapolated_j=extrapolated_j))
+                    else:
+                        reads.sample_power(dev)
+                        assert dev.power_t_s is not None
+                        out.append(self._emit(dev, dev.power_t_s, dev.integral_j))
+                except SensorError as exc:
+                    self._fail(dev, exc)
+            return out
 
     def read_at(self, t_s: float) -> list[EnergyReading]:
         """Cumulative J per live GPU as of ``t_s`` (just past), pinned to each counter's next update.

@@ -101,16 +101,16 @@ class GpuDevice:
     timing: CounterTiming = field(default_factory=CounterTiming)
     process_samples: SamplePeriod = field(default_factory=SamplePeriod)
     latency: Latency = field(default_factory=Latency)
+    # ``gpu0``, ``gpu1``... (``info.key``: a plain attribute, looked up several times per GPU every tick).
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = self.info.key
 
     @property
     def cumulative_j(self) -> float:
         """Energy since the counter's origin, resets bridged."""
         return self.base_j + mj_to_j(self.raw_mj or 0)
-
-    @property
-    def key(self) -> str:
-        """``gpu0``, ``gpu1``..."""
-        return self.info.key
 
     def describe_timing(self, now_s: float) -> GpuTiming:
         """What has been learned about this GPU's timing, as of ``now_s``."""
@@ -263,15 +263,13 @@ def tick_read(reads: NvmlReads, dev: GpuDevice, sleep: Callable[[float], None]) 
         wait_s = timing.wait_before_read_s(read.start_s, read.end_s)
     power_w = reads.instant_power_w(dev)
     dev.last_read = read
-    if before is not None and not timing.consistent(read.raw_mj != before.raw_mj, before, read):
+    since_s = timing.tick_since_s(before, read)  # trusted: the grid is there
+    if since_s is None:
         log.debug("%s: the counter's refresh phase no longer fits its reads; relearning it", dev.key)
         timing.drop_phase("the counter's refreshes stopped fitting the learned phase; relearning")
         reads.observe(dev, read.raw_mj, read.end_s)
         return read.end_s, dev.cumulative_j, 0.0
     reads.observe(dev, read.raw_mj, read.end_s)
-    period_s = timing.period_s
-    assert period_s is not None  # trusted
-    since_s = min(max(0.0, read.end_s - timing.last_refresh_s(read.start_s)), period_s)
     return read.end_s, dev.cumulative_j + power_w * since_s, power_w * since_s
 
 

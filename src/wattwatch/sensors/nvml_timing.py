@@ -302,12 +302,27 @@ class CounterTiming:
         lo, hi = fit.window(fit.last_before(start_s))
         return (lo + hi) / 2.0
 
+    def tick_since_s(self, before: CounterRead | None, read: CounterRead) -> float | None:
+        """For a tick read ``read`` (the one before it ``before``): the time from the predicted last refresh
+        to the read's end, at most a period (``last_refresh_s``), or None when the counter changing (or
+        not) since ``before`` contradicts the grid (``consistent``). One look at the grid, for every GPU
+        every tick."""
+        fit = self._grid()
+        if before is not None and not _fits(fit, read.raw_mj != before.raw_mj, before, read):
+            return None
+        lo, hi = fit.window(fit.last_before(read.start_s))
+        return min(max(0.0, read.end_s - (lo + hi) / 2.0), fit.period_s)
+
     def consistent(self, changed: bool, before: CounterRead, after: CounterRead) -> bool:
         """Whether the counter changing (or not) between two reads fits the predicted refreshes."""
-        fit = self._grid()
-        n_far = max(abs(fit.last_before(before.start_s)), abs(fit.last_before(after.end_s))) + 1
-        widen = n_far * fit.period_err_s
-        lo, hi, period_s = fit.lo_s - widen, fit.hi_s + widen, fit.period_s
-        most = math.floor((after.end_s - lo) / period_s) - math.floor((before.start_s - hi) / period_s)
-        least = math.floor((after.start_s - hi) / period_s) - math.floor((before.end_s - lo) / period_s)
-        return most > 0 if changed else least <= 0
+        return _fits(self._grid(), changed, before, after)
+
+
+def _fits(fit: PhaseFit, changed: bool, before: CounterRead, after: CounterRead) -> bool:
+    """``CounterTiming.consistent`` on the grid ``fit``."""
+    n_far = max(abs(fit.last_before(before.start_s)), abs(fit.last_before(after.end_s))) + 1
+    widen = n_far * fit.period_err_s
+    lo, hi, period_s = fit.lo_s - widen, fit.hi_s + widen, fit.period_s
+    most = math.floor((after.end_s - lo) / period_s) - math.floor((before.start_s - hi) / period_s)
+    least = math.floor((after.start_s - hi) / period_s) - math.floor((before.end_s - lo) / period_s)
+    return most > 0 if changed else least <= 0

@@ -162,15 +162,20 @@ class Outbox:
             checkpoint = None
             if self._open_jobs is not None:
                 checkpoint = Checkpoint(self._open_at_s, self._boot_id, dict(self._marks), list(self._open_jobs))
+        checkpoint_json = checkpoint.to_json() if checkpoint else None
         if self._draft_seq is None:
-            self._draft_seq, self._draft_created_s = self.spool.next_seq(), self._clock()
-        part = self._batch(self._draft_seq, added)
-        self.spool.stage(
-            self._draft_seq,
-            wire.encode(part),
-            created_s=part.sent_at_s,
-            checkpoint=checkpoint.to_json() if checkpoint else None,
-        )
+            # The batch's first part: its seq is reserved in the transaction that stages it.
+            created_s = self._clock()
+
+            def first_part(seq: int) -> tuple[bytes, float]:
+                part = self._batch(seq, added)
+                return wire.encode(part), part.sent_at_s
+
+            self._draft_seq = self.spool.stage_new(first_part, checkpoint=checkpoint_json)
+            self._draft_created_s = created_s
+        else:
+            part = self._batch(self._draft_seq, added)
+            self.spool.stage(self._draft_seq, wire.encode(part), created_s=part.sent_at_s, checkpoint=checkpoint_json)
         self._staged.extend(added.intervals, added.jobs, added.queries, added.counts)
         return self._draft_seq
 

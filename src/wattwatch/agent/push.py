@@ -125,8 +125,9 @@ class Pusher:
             return False
         failed: list[int] = []  # transient failures no later batch has yet vouched for
         after = -1
+        page_size = 8
         while True:
-            page = self.spool.peek(limit=8, after=after)
+            page = self.spool.peek(limit=page_size, after=after)
             if not page:
                 break
             for seq, body in page:
@@ -145,6 +146,8 @@ class Pusher:
                         return self._round_failed(seq)
                 elif verdict is Verdict.BLOCKED:
                     return False
+            if len(page) < page_size:
+                break  # that was the queue's end (a batch sealed since wakes the push again)
         if failed:
             return self._round_failed(failed[-1])
         self._backoff_s = 0.0

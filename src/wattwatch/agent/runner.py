@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -94,6 +94,33 @@ class _Event:
     done: threading.Event | None = None
     listed: dict[str, set[int]] | None = None  # an end's: NVML's processes on the job's GPUs when it came
     scheduled: bool = False  # a tick of the schedule (stages what it measured), not one asked for
+
+
+class _Inbox:
+    """The worker's events in arrival order: ``put`` from any thread; ``get`` (the worker's) waits at most
+    ``timeout_s`` (None: for ever) and returns None when nothing came. A ``queue.Queue`` raises ``Empty``
+    instead, which the worker would raise and catch every tick."""
+
+    def __init__(self) -> None:
+        self._items: deque[_Event] = deque()
+        self._ready = threading.Condition(threading.Lock())
+
+    def put(self, event: _Event) -> None:
+        """Queue ``event`` and wake the worker."""
+        with self._ready:
+            self._items.append(event)
+            self._ready.notify()
+
+    def get(self, timeout_s: float | None) -> _Event | None:
+        """The oldest event, waiting at most ``timeout_s`` for one; None when none came."""
+        with self._ready:
+            if not self._items:
+                self._ready.wait(timeout_s)
+            return self._items.popleft() if self._items else None
+
+    def empty(self) -> bool:
+        """Whether no event is queued."""
+        return not self._items
 
 
 def _ended_at_restart(mark: JobMark, last_seen_s: float) -> wire.Job:
@@ -242,7 +269,7 @@ class Agent:
         self._clock = clock
         self._cpu = CpuTimeMeter(procfs=self.procfs)
         self._memory = MemoryShareMeter(procfs=self.procfs)
-        self._events: queue.Queue[_Event] = queue.Queue()
+        self._events = _Inbox()
         self._enqueue_lock = threading.Lock()
         # Restarts (agent.restore): the checkpoint goes into the spool with every batch.
         self._boot_id = read_boot_id(self.procfs.root)
@@ -564,10 +591,9 @@ class Agent:
             if now >= next_tick and self._ticking:
                 self._enqueue_tick()
                 next_tick += period_s * (math.floor((now - next_tick) / period_s) + 1)
-            try:
-                event = self._events.get(timeout=max(0.0, next_tick - now) if self._ticking else None)
-            except queue.Empty:
-                continue
+            event = self._events.get(max(0.0, next_tick - now) if self._ticking else None)
+            if event is None:
+                continue  # the next tick is due
             try:
                 # A fine tick with events queued behind it is dropped: read now, it would land after their
                 # boundaries and move them onto its own (counter-stale) reading; the next one comes soon.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,28 @@ class Spool:
                 "SELECT ?, COALESCE(MAX(part) + 1, 0), ?, ?, ? FROM staged WHERE seq = ?",
                 (seq, body, created_s, checkpoint, seq),
             )
+
+    def stage_new(self, part: Callable[[int], tuple[bytes, float]], checkpoint: str | None = None) -> int:
+        """Reserve the next batch sequence number and stage the first part of that batch (``part(seq)``
+        gives its body and created_s), with the ``checkpoint`` as of it, in one transaction; returns the
+        seq. ``next_seq`` then ``stage`` does the same in two (a batch opens every push interval)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()
+                seq = int(row[0]) if row else 0
+                body, created_s = part(seq)
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_seq', ?)", (str(seq + 1),))
+                self._db.execute(
+                    "INSERT INTO staged (seq, part, body, created_s, checkpoint) "
+                    "SELECT ?, COALESCE(MAX(part) + 1, 0), ?, ?, ? FROM staged WHERE seq = ?",
+                    (seq, body, created_s, checkpoint, seq),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return seq
 
     def staged(self) -> dict[int, list[bytes]]:
         """The parts of every batch staged but not sealed (a crash left them), by seq, in order."""

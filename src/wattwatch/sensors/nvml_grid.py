@@ -233,7 +233,7 @@ class Chain:
         slope_s = (n * snx - sn * sx) / (n * snn - sn * sn) if line is not None else prior[0]
         last, n_last = self.last
         # Intercept of the line with this slope through the brackets' mean, then the excess residual.
-        mean_t = statistics.fmean(c.at_s - (k - n_last) * slope_s for c, k in self.points)
+        mean_t = statistics.fmean([c.at_s - (k - n_last) * slope_s for c, k in self.points])  # a list: no len() miss
         jitter_s = max(
             max(0.0, abs(c.at_s - (k - n_last) * slope_s - mean_t) - c.uncertainty_s) for c, k in self.points
         )

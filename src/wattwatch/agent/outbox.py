@@ -114,14 +114,25 @@ class Outbox:
         # One seal or stage at a time (the push's and the worker's): the spool must store checkpoints in
         # the order of their records, or a restart would bridge from a reading some batch already covers.
         with self._seal_lock:
-            self._stage()
-            seq = self._draft_seq
-            if seq is None:
+            added, checkpoint = self._take()
+            if added is None and self._draft_seq is None:
                 return None
-            staged, self._staged, self._draft_seq = self._staged, _Records(), None
+            records = self._staged
+            if added is not None:
+                # What came since the last stage goes straight into the batch: one write, not a stage and a seal.
+                staged = records
+                records = _Records()
+                records.extend(staged.intervals, staged.jobs, staged.queries, staged.counts)
+                records.extend(added.intervals, added.jobs, added.queries, added.counts)
+            created_s = self._draft_created_s if self._draft_seq is not None else self._clock()
             # Checked once, as a whole, here (not tick by tick: decoding is most of a stage's cost).
-            body = self._fitted(self._batch(seq, staged))
-            self.spool.seal_staged(seq, body, created_s=self._draft_created_s)
+            seq = self.spool.seal(
+                self._draft_seq,
+                lambda seq: self._fitted(self._batch(seq, records)),
+                created_s=created_s,
+                checkpoint=checkpoint.to_json() if checkpoint is not None and added is not None else None,
+            )
+            self._staged, self._draft_seq = _Records(), None
             return seq
 
     def recover(self) -> list[int]:
@@ -153,15 +164,22 @@ class Outbox:
                 sealed.append(seq)
         return sealed
 
-    def _stage(self) -> int | None:
+    def _take(self) -> tuple[_Records | None, Checkpoint | None]:
+        """What was added since the last stage (None: nothing) and the checkpoint as of it, taken out."""
         with self._lock:
             if not (self._intervals or self._jobs or self._queries or self._counts):
-                return self._draft_seq
+                return None, None
             added = _Records(self._intervals, self._jobs, self._queries, self._counts)
             self._intervals, self._jobs, self._queries, self._counts = [], [], [], []
             checkpoint = None
             if self._open_jobs is not None:
                 checkpoint = Checkpoint(self._open_at_s, self._boot_id, dict(self._marks), list(self._open_jobs))
+        return added, checkpoint
+
+    def _stage(self) -> int | None:
+        added, checkpoint = self._take()
+        if added is None:
+            return self._draft_seq
         checkpoint_json = checkpoint.to_json() if checkpoint else None
         if self._draft_seq is None:
             # The batch's first part: its seq is reserved in the transaction that stages it.

@@ -303,7 +303,8 @@ class Agent:
                 f"the push interval must be a positive number of seconds, not {settings.push_interval_s!r}"
             )
         self.push_interval_s = settings.push_interval_s
-        self._push_wake = threading.Event()  # set: push now (a job started or ended)
+        self._push_wake = threading.Event()  # set: push now (the worker sealed a batch)
+        self._sealed_at_s = time.monotonic()  # when a batch was last sealed (the push is due a push interval on)
         self._push_halt = threading.Event()
         self._push_thread = threading.Thread(target=self._push_loop, name="wattwatch-push", daemon=True)
         self._fine_until = 0.0  # time.monotonic() until which intervals close every fine_interval_s
@@ -666,6 +667,11 @@ class Agent:
         if boundary:
             self.seal()  # a job's start and end reach the spool, and the checkpoint, at once
             self._push_wake.set()  # and the collector: reports see a job's end without waiting for the push
+        elif event.scheduled and time.monotonic() - self._sealed_at_s >= self.push_interval_s:
+            # The push is due: this tick's records go straight into the batch the push thread sends (one
+            # spool write, where a stage and then the push thread's seal were two).
+            self.seal()
+            self._push_wake.set()
         elif event.scheduled:
             self.outbox.stage()  # what this tick measured survives a crash
         if event.kind == "stop" and self._settler is not None:
@@ -804,6 +810,7 @@ class Agent:
 
     def seal(self) -> int | None:
         """Move everything measured so far into one durable batch; returns its seq (None if empty)."""
+        self._sealed_at_s = time.monotonic()
         return self.outbox.seal()
 
     def stage(self) -> int | None:
@@ -817,13 +824,19 @@ class Agent:
         self.pusher.push_pending()
 
     def _push_loop(self) -> None:
-        # Every push_interval_s after the last push, or at once when a job starts or ends.
+        # Woken by the worker when it has sealed a batch: every push_interval_s (at the first scheduled tick
+        # after it) and at once when a job starts or ends. Seals itself only when the worker has not for a
+        # push interval and a tick more (it is not ticking, or stuck in a read).
+        patience_s = self.push_interval_s + self.interval_s + 1.0
         while not self._push_halt.is_set():
-            self._push_wake.wait(self.push_interval_s)
+            woken = self._push_wake.wait(patience_s)
             if self._push_halt.is_set():
                 return
             self._push_wake.clear()
             try:
-                self.flush()
+                if woken or time.monotonic() - self._sealed_at_s < self.push_interval_s:
+                    self.pusher.push_pending()
+                else:
+                    self.flush()
             except Exception:
                 log.exception("agent push failed; what it measured stays spooled for the next push")

@@ -179,6 +179,37 @@ class Spool:
                 self._db.execute("ROLLBACK")
                 raise
 
+    def seal(
+        self, seq: int | None, body: Callable[[int], bytes], created_s: float, checkpoint: str | None = None
+    ) -> int:
+        """Queue a batch in one transaction: under ``seq`` (its parts' seq; None: the next seq, reserved
+        here), ``body(seq)`` as its body (its staged parts and what came since, in one batch); the
+        ``checkpoint`` as of it (None: its last staged part's) is kept and its parts dropped. Returns the
+        seq. A stage and then ``seal_staged`` write the same in two transactions."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if seq is None:
+                    row = self._db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()
+                    seq = int(row[0]) if row else 0
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_seq', ?)", (str(seq + 1),))
+                data = body(seq)
+                self._db.execute("INSERT INTO batches (seq, body, created_s) VALUES (?, ?, ?)", (seq, data, created_s))
+                if checkpoint is not None:
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,))
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO meta (key, value) SELECT 'checkpoint', checkpoint FROM staged "
+                        "WHERE seq = ? AND checkpoint IS NOT NULL ORDER BY part DESC LIMIT 1",
+                        (seq,),
+                    )
+                self._db.execute("DELETE FROM staged WHERE seq = ?", (seq,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return seq
+
     def checkpoint(self) -> str | None:
         """The checkpoint stored with the latest batch or staged part (None before the first)."""
         with self._lock:

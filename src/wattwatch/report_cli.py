@@ -45,10 +45,12 @@ def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     import re
 
     from wattwatch.limits import CURSOR_PATTERN, REPORT_DEFAULT_SINCE, REPORT_MAX_LIMIT
+    from wattwatch.report_options import page_limit
     from wattwatch.units import iso_utc
 
-    if not 1 <= args.limit <= REPORT_MAX_LIMIT:
-        raise UsageError(f"--limit {args.limit} is out of range; use 1 to {REPORT_MAX_LIMIT}")
+    limit = page_limit(args)
+    if not 1 <= limit <= REPORT_MAX_LIMIT:
+        raise UsageError(f"--limit {limit} is out of range; use 1 to {REPORT_MAX_LIMIT}")
     if args.cursor is not None and not re.fullmatch(CURSOR_PATTERN, args.cursor):
         raise UsageError(BAD_CURSOR)
     now_s = time.time()
@@ -75,7 +77,7 @@ def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             )
             if v
         }
-        params["limit"] = args.limit
+        params["limit"] = limit
         if args.label:
             params["label"] = list(args.label)
         report = get_json(args.server, "/api/v1/report", settings, params=params)
@@ -91,7 +93,7 @@ def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             host=args.host,
             name=args.name,
             labels=labels,
-            limit=args.limit,
+            limit=limit,
             cursor=args.cursor,
         )
         report["window"] = {"since": since, "since_s": since_s, "since_at": iso_utc(since_s), "default": default}

@@ -395,7 +395,8 @@ def build_report(
 ) -> dict[str, Any]:
     """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``, plus
     ``filters`` (those given, times as ISO), ``jobs_recorded`` (whether the database holds any job at
-    all, so "nothing matches" and "nothing yet" read differently) and ``next_cursor`` (paging).
+    all, so "nothing matches" and "nothing yet" read differently), ``next_cursor`` (paging) and
+    ``jobs_matched`` (jobs matching the filters on all pages, so a page can say "100 of 4,667").
 
     ``since_s`` keeps jobs that ended at or after it (or still run), ``until_s`` those that started before
     it; idle energy follows the same window in whole hours (the hour containing ``since_s`` on, hours
@@ -412,24 +413,34 @@ def build_report(
     now_s = time.time() if now_s is None else now_s
     policy = _policy(carbon, grid_intensity_g_per_kwh, pue)
     want = dict(labels or {})
-    where = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
+    matching = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
+    where = list(matching)
+    after: tuple[float, str] | None = None
     if cursor is not None:
-        after_s, after_id = decode_cursor(cursor)
-        where.append(or_(jobs.c.started_at_s > after_s, and_(jobs.c.started_at_s == after_s, jobs.c.id > after_id)))
+        after = decode_cursor(cursor)
+        where.append(or_(jobs.c.started_at_s > after[0], and_(jobs.c.started_at_s == after[0], jobs.c.id > after[1])))
     in_order = (jobs.c.started_at_s, jobs.c.id)
     with _snapshot(engine) as conn:
         kept: list[str] | None = None
+        matched: int | None = None
         if name is not None or want:
             # Globs and JSON labels are matched here, the same on SQLite and PostgreSQL (LIKE differs in
-            # case, JSON operators in syntax); only the window's rows are read.
-            rows = conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.labels).where(*where).order_by(*in_order)).all()
-            kept = [r.id for r in rows if _matches(r.name, r.labels, name, want)]
+            # case, JSON operators in syntax); only the window's rows are read, every page's (for the count).
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.name, jobs.c.labels, jobs.c.started_at_s).where(*matching).order_by(*in_order)
+            ).all()
+            hits = [r for r in rows if _matches(r.name, r.labels, name, want)]
+            matched = len(hits)
+            kept = [r.id for r in hits if after is None or (r.started_at_s, r.id) > after]
         elif limit is not None:
             # Only the page's ids are read, in order; entries (the joins) are built for those alone.
             kept = list(conn.execute(select(jobs.c.id).where(*where).order_by(*in_order).limit(limit + 1)).scalars())
         more = kept is not None and limit is not None and len(kept) > limit
         if kept is not None and limit is not None:
             kept = kept[:limit]
+        if matched is None and (more or after is not None):
+            # Other pages hold jobs too: count them all (one indexed count), so "100 of 4,667" can be said.
+            matched = conn.execute(select(func.count()).select_from(jobs).where(*matching)).scalar_one()
         job_ids = select(jobs.c.id).where(*where) if kept is None else select(jobs.c.id).where(jobs.c.id.in_(kept))
         entries = _job_entries(conn, job_ids, carbon=policy, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
@@ -464,6 +475,8 @@ def build_report(
         "idle_from": iso_utc(idle_from_s),
         "idle_until": iso_utc(idle_until_s),
         "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
+        # Jobs matching the filters on every page (this one's count when it is the only page).
+        "jobs_matched": len(ordered) if matched is None else matched,
         "carbon": carbon_summary,
         # This page's sums and the idle share (report_group.totals: the CLI's footer is the same figures).
         "totals": totals(ordered, idle),

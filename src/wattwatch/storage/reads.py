@@ -33,6 +33,7 @@ from wattwatch.accounting.rollup import hour_floor_s
 from wattwatch.carbon_policy import CarbonPolicy
 from wattwatch.grid import GridIntensity
 from wattwatch.report_group import totals
+from wattwatch.storage.dialect import among
 from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
@@ -125,13 +126,13 @@ def _matches(
 
 def _job_entries(
     conn: Connection,
-    job_ids: Select[Any],
+    job_ids: Select[Any] | list[str],
     *,
     carbon: CarbonPolicy,
     now_s: float,
 ) -> dict[str, dict[str, Any]]:
-    """Report entries for the jobs ``job_ids`` selects, keyed by job id (caller orders them)."""
-    job_rows = conn.execute(select(jobs).where(jobs.c.id.in_(job_ids))).all()
+    """Report entries for the jobs ``job_ids`` selects or lists, keyed by job id (caller orders them)."""
+    job_rows = conn.execute(select(jobs).where(among(conn, jobs.c.id, job_ids))).all()
     if not job_rows:
         return {}
     # The ids themselves from here on, not the select again: a list of ids is probed on each table's
@@ -143,12 +144,12 @@ def _job_entries(
     energy_rows = conn.execute(
         select(jde.c.job_id, hosts.c.name, devices.c.key, devices.c.kind, jde.c.energy_j, jde.c.sources)
         .select_from(jde.join(devices, jde.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id))
-        .where(jde.c.job_id.in_(ids))
+        .where(among(conn, jde.c.job_id, ids))
     ).all()
     host_rows = conn.execute(
         select(job_hosts.c.job_id, hosts.c.name, job_hosts.c.peak_power_w)
         .select_from(job_hosts.join(hosts, job_hosts.c.host_id == hosts.c.id))
-        .where(job_hosts.c.job_id.in_(ids))
+        .where(among(conn, job_hosts.c.job_id, ids))
     ).all()
     figures = read_span_figures(conn, ids)
     phases = _phases_of(conn, ids, now_s=now_s)
@@ -299,7 +300,7 @@ def _phases_of(conn: Connection, job_ids: Select[Any] | list[str], *, now_s: flo
     phase = jobs.alias("phase")  # not correlated with the ``jobs`` that ``job_ids`` reads
     rows = conn.execute(
         select(phase.c.id, phase.c.phase, phase.c.phase_of, phase.c.started_at_s, phase.c.ended_at_s).where(
-            phase.c.phase_of.in_(job_ids)
+            among(conn, phase.c.phase_of, job_ids)
         )
     ).all()
     if not rows:
@@ -308,7 +309,7 @@ def _phases_of(conn: Connection, job_ids: Select[Any] | list[str], *, now_s: flo
     energy_j = dict(
         conn.execute(
             select(jde.c.job_id, func.sum(jde.c.energy_j))
-            .where(jde.c.job_id.in_([r.id for r in rows]))
+            .where(among(conn, jde.c.job_id, [r.id for r in rows]))
             .group_by(jde.c.job_id)
         ).all()
     )
@@ -441,7 +442,7 @@ def build_report(
         if matched is None and (more or after is not None):
             # Other pages hold jobs too: count them all (one indexed count), so "100 of 4,667" can be said.
             matched = conn.execute(select(func.count()).select_from(jobs).where(*matching)).scalar_one()
-        job_ids = select(jobs.c.id).where(*where) if kept is None else select(jobs.c.id).where(jobs.c.id.in_(kept))
+        job_ids: Select[Any] | list[str] = select(jobs.c.id).where(*where) if kept is None else kept
         entries = _job_entries(conn, job_ids, carbon=policy, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None

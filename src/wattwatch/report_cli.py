@@ -63,7 +63,10 @@ def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if since_s is not None and until_s is not None and since_s >= until_s:
         raise UsageError(f"--since {args.since} is not before --until {args.until}; swap them or widen the window")
     labels = parse_labels(args.label)
-    if args.server:
+    server = args.server or ("" if args.db else settings.report_server)
+    if server and not server.startswith(("http://", "https://")):
+        raise UsageError(f"--server / WATTWATCH_SERVER {server!r} is not a URL; use e.g. http://collector:8470")
+    if server:
         params: dict[str, Any] = {
             k: v
             for k, v in (
@@ -80,7 +83,7 @@ def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         params["limit"] = limit
         if args.label:
             params["label"] = list(args.label)
-        report = get_json(args.server, "/api/v1/report", settings, params=params)
+        report = get_json(server, "/api/v1/report", settings, params=params)
     else:
         url = args.db or settings.resolved_db_url
         report = local_report(

@@ -34,8 +34,10 @@ def page_limit(args: argparse.Namespace) -> int:
 def add_source(p: argparse.ArgumentParser) -> None:
     """``--server`` or ``--db``."""
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--server", metavar="URL", help="ask a running collector")
-    src.add_argument("--db", metavar="URL", help="read a database directly (default: the embedded one)")
+    src.add_argument("--server", metavar="URL", help="ask a running collector (default $WATTWATCH_SERVER, if set)")
+    src.add_argument(
+        "--db", metavar="URL", help="read a database directly (default: $WATTWATCH_DB, else the embedded one)"
+    )
 
 
 def add_filters(p: argparse.ArgumentParser) -> None:

@@ -95,6 +95,13 @@ def test_redirects_are_followed() -> None:
     assert paths == ["/api", "/moved"]
 
 
+def test_a_redirect_to_another_origin_is_not_followed() -> None:
+    """The bearer token goes only where it was sent: a redirect to another host comes back as it is."""
+    raw = b"HTTP/1.1 302 Found\r\nLocation: http://elsewhere.invalid/api\r\nContent-Length: 0\r\n\r\n"
+    with serve(fixed(raw)) as base:
+        assert http_get.get(base + "/api", {"Authorization": "Bearer t"}, timeout_s=10) == (302, b"")
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -31,8 +31,9 @@ class HttpError(OSError):
 def get(
     url: str, headers: dict[str, str], *, timeout_s: float, context: ssl.SSLContext | None = None
 ) -> tuple[int, bytes]:
-    """GET ``url`` with ``headers``: ``(status, body)`` for any status the server answers, redirects followed.
-    No answer at all raises OSError (ssl's errors included), like ``urllib.request`` does."""
+    """GET ``url`` with ``headers``: ``(status, body)`` for any status the server answers, redirects within
+    the same origin followed. No answer at all raises OSError (ssl's errors included), like
+    ``urllib.request`` does."""
     if any(os.environ.get(v) for v in _PROXY_VARS):
         return _get_via_urllib(url, headers, timeout_s=timeout_s, context=context)
     deadline = time.monotonic() + timeout_s
@@ -41,8 +42,18 @@ def get(
         location = head.get("location")
         if status not in _REDIRECTS or not location:
             return status, body
-        url = urljoin(url, location)
+        target = urljoin(url, location)
+        if _origin(target) != _origin(url):
+            # The token goes only where it was sent: a redirect elsewhere (another host, or https to http)
+            # is answered as it came, and the caller names the status.
+            return status, body
+        url = target
     raise HttpError(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def _get_once(

@@ -416,11 +416,14 @@ def build_report(
     want = dict(labels or {})
     matching = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
     where = list(matching)
-    after: tuple[float, str] | None = None
-    if cursor is not None:
-        after = decode_cursor(cursor)
-        where.append(or_(jobs.c.started_at_s > after[0], and_(jobs.c.started_at_s == after[0], jobs.c.id > after[1])))
-    in_order = (jobs.c.started_at_s, jobs.c.id)
+    after: tuple[float, str] | None = None if cursor is None else decode_cursor(cursor)
+    # Ids order as bytes on both backends (SQLite's BINARY; "C" on PostgreSQL, whose database collation
+    # may put "a-c" after "ab"), as Python orders them when it cuts a page and writes its cursor: else a
+    # page on such a database could skip or repeat jobs that started at the same instant.
+    id_bytes = jobs.c.id.collate("C") if engine.dialect.name == "postgresql" else jobs.c.id
+    if after is not None:
+        where.append(or_(jobs.c.started_at_s > after[0], and_(jobs.c.started_at_s == after[0], id_bytes > after[1])))
+    in_order = (jobs.c.started_at_s, id_bytes)
     with _snapshot(engine) as conn:
         kept: list[str] | None = None
         matched: int | None = None

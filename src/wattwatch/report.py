@@ -284,11 +284,19 @@ def idle_share_line(report: Mapping[str, Any]) -> str:
     if not totals.get("measured_energy_j"):
         return ""
     share = totals.get("idle_share") or 0.0
-    phases = totals.get("setup_energy_j", 0.0) + totals.get("after_energy_j", 0.0)
-    held = "jobs" + (" with setup and after" if phases else "")
+    if totals.get("matched_energy_j") is not None:
+        # One page of several: the share is of every matching job (the collector summed them all).
+        held = f"all {report.get('jobs_matched')} matching jobs with their phases"
+        jobs_j = float(totals["matched_energy_j"])
+    elif len(report.get("jobs") or []) < (report.get("jobs_matched") or 0) and not report.get("idle"):
+        return ""  # a later page: the idle energy and its share are on the first one
+    else:
+        phases = totals.get("setup_energy_j", 0.0) + totals.get("after_energy_j", 0.0)
+        held = "jobs" + (" with setup and after" if phases else "")
+        jobs_j = totals["energy_j"] + phases
     return (
         f"Idle: {format_energy(totals['idle_energy_j'])}, {share * 100:.1f} % of the "
-        f"{format_energy(totals['measured_energy_j'])} measured ({held} {format_energy(totals['energy_j'] + phases)}"
+        f"{format_energy(totals['measured_energy_j'])} measured ({held} {format_energy(jobs_j)}"
         " + idle in the window's whole hours)."
     )
 

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wattwatch import wire
 from wattwatch.cli import main
@@ -233,3 +235,15 @@ def test_the_idle_share_is_of_every_matching_job_on_any_page(fleet_db: str, caps
     globbed = run_json(fleet_db, capsys, "--name", "train-1*", "--limit", str(JOBS))
     page = run_json(fleet_db, capsys, "--name", "train-1*", "--limit", "3")
     assert page["matched_energy_j"] == pytest.approx(sum(j["energy_j"] for j in globbed["jobs"]), rel=1e-9)
+
+
+@given(st.floats(min_value=1e-12, max_value=1e15))
+def test_figures_never_print_an_exponent(value: float) -> None:
+    """Three significant digits (a whole number from 1000 up), and never the 1.66e+03 people misread."""
+    from wattwatch.report import figure, format_energy, format_grams
+
+    text = figure(value)
+    assert "e" not in text and "inf" not in text
+    assert float(text) == pytest.approx(value, rel=5e-3, abs=0.5 if value >= 999.5 else 0.0)
+    assert "e+" not in format_energy(value) and "e-" not in format_energy(value)
+    assert "e+" not in format_grams(value) and "e-" not in format_grams(value)

@@ -196,6 +196,13 @@ class Report(msgspec.Struct):
     idle_from: Annotated[Timestamp | None, msgspec.Meta(description="idle energy counts whole hours from here")]
     idle_until: Annotated[Timestamp | None, msgspec.Meta(description="... up to here")]
     next_cursor: str | None
+    jobs_matched: Annotated[
+        int, msgspec.Meta(description="jobs matching the filters on all pages (the page's count if it is the only one)")
+    ]
+    matched_energy_j: Annotated[
+        float | None,
+        msgspec.Meta(description="energy of every matching job with its phases, on the first of several pages"),
+    ]
     window: ReportWindow
     carbon: Annotated[CarbonSummary, msgspec.Meta(description="intensity per host, its source, PUE, price, totals")]
 

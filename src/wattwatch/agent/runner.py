@@ -667,9 +667,10 @@ class Agent:
         if boundary:
             self.seal()  # a job's start and end reach the spool, and the checkpoint, at once
             self._push_wake.set()  # and the collector: reports see a job's end without waiting for the push
-        elif event.scheduled and time.monotonic() - self._sealed_at_s >= self.push_interval_s:
-            # The push is due: this tick's records go straight into the batch the push thread sends (one
-            # spool write, where a stage and then the push thread's seal were two).
+        elif event.scheduled and time.monotonic() - self._sealed_at_s >= self.push_interval_s - self.interval_s / 2:
+            # The push is due (half a tick early at most: the last seal came a few ms into its tick, and a
+            # push interval of whole ticks must not wait a tick more): this tick's records go straight into
+            # the batch the push thread sends (one spool write, where a stage and then its seal were two).
             self.seal()
             self._push_wake.set()
         elif event.scheduled:

@@ -242,21 +242,23 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
 
     host_ids = _upsert_hosts(conn, items)
     device_ids = _upsert_devices(conn, items, host_ids, cache)
-    _upsert_jobs(conn, items, cache)
+    rollups = [rollup_intervals(item.batch.intervals) for item in items]
+    # Each job's first interval start, for its row: the rollup has it (before the job records below move it).
+    firsts = [{job_id: t.first_s for job_id, t in rollup.job_host.items()} for rollup in rollups]
+    _upsert_jobs(conn, items, cache, firsts)
 
     raw_rows: list[tuple[Any, ...]] = []
     jde: dict[tuple[str, int], tuple[float, float, set[str]]] = {}
     job_hosts: dict[tuple[str, int], JobHostTotals] = {}
     idle: dict[tuple[int, float], float] = {}
     ticks: dict[int, dict[tuple[str, float, float], float]] = {}
-    for item in items:
+    for item, rollup in zip(items, rollups, strict=True):
         batch = item.batch
         host_id = host_ids[batch.host]
         dev = device_ids[host_id]
         raw = raw_batches.batch_row(host_id, batch, item.received_at_s)
         if raw is not None:
             raw_rows.append(raw)
-        rollup = rollup_intervals(batch.intervals)
         for (job_id, key), t in rollup.job_device.items():
             e, p, s = jde.get((job_id, dev[key]), (0.0, 0.0, set()))
             jde[(job_id, dev[key])] = (e + t.energy_j, max(p, t.max_power_w), s | t.sources)
@@ -413,11 +415,20 @@ def _upsert_devices(
     return out
 
 
-def _upsert_jobs(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> None:
-    """Job records and placeholders of the group; one statement each unless two batches record one job."""
+def _upsert_jobs(
+    conn: Connection,
+    items: Sequence[Pending],
+    cache: DeviceCache | None = None,
+    firsts: Sequence[dict[str, float]] | None = None,
+) -> None:
+    """Job records and placeholders of the group; one statement each unless two batches record one job.
+    ``firsts``: per item, each job's first interval start (``repository.job_rows``)."""
     from wattwatch.storage import repository as repo
 
-    per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
+    if firsts is None:
+        per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
+    else:
+        per_item = [repo.job_rows(i.batch, i.received_at_s, f) for i, f in zip(items, firsts, strict=True)]
     real_ids = [r["id"] for rows in per_item for r in rows if not r["placeholder"]]
     real = set(real_ids)
     # Membership tests only: other writer threads add to it (under the GIL, a test sees it whole).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -225,12 +225,21 @@ def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float
     }
 
 
-def job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
-    """Job rows for the batch's job records, plus placeholders for ids only intervals, spans or counts name."""
-    first_seen_s: dict[str, float] = {}
-    for iv in batch.intervals:
-        for job_id in iv.shares:
-            first_seen_s[job_id] = min(first_seen_s.get(job_id, iv.t_start_s), iv.t_start_s)
+def job_rows(
+    batch: wire.Batch, received_at_s: float, intervals_first_s: Mapping[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """Job rows for the batch's job records, plus placeholders for ids only intervals, spans or counts name.
+
+    ``intervals_first_s``: each job's earliest interval start, when the caller has it already (the rollup's
+    ``first_s`` per job: ingest saves a pass over every interval).
+    """
+    if intervals_first_s is not None:
+        first_seen_s = dict(intervals_first_s)
+    else:
+        first_seen_s = {}
+        for iv in batch.intervals:
+            for job_id in iv.shares:
+                first_seen_s[job_id] = min(first_seen_s.get(job_id, iv.t_start_s), iv.t_start_s)
     spans: list[wire.Query | wire.QueryCount] = [*batch.queries, *batch.query_counts]
     for span in spans:
         first_seen_s[span.job] = min(first_seen_s.get(span.job, span.t_start_s), span.t_start_s)

@@ -74,6 +74,9 @@ class DeviceCache:
     def __init__(self) -> None:
         self._hosts: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
         self.jobs: set[str] = set()
+        # Agent id -> the host it is bound to: a binding is written once and never changed nor deleted, so
+        # a committed one is valid for good (saves a SELECT per group).
+        self.owners: dict[str, str] = {}
         # What each writer thread's running transaction wrote: one cache serves every writer thread, so a
         # host's devices are upserted once per collector process, not once per thread.
         self._local = threading.local()
@@ -92,6 +95,17 @@ class DeviceCache:
         if staged is None:
             staged = self._local.jobs = set()
         return staged
+
+    @property
+    def _staged_owners(self) -> dict[str, str]:
+        staged: dict[str, str] | None = getattr(self._local, "owners", None)
+        if staged is None:
+            staged = self._local.owners = {}
+        return staged
+
+    def stage_owners(self, owners: dict[str, str]) -> None:
+        """Remember agent bindings the running transaction read or wrote, for ``commit``."""
+        self._staged_owners.update(owners)
 
     def stage_jobs(self, job_ids: set[str]) -> None:
         """Remember job ids the running transaction gave a row, for ``commit``."""
@@ -115,13 +129,16 @@ class DeviceCache:
                 self.jobs = set()
             # In place: other threads only test membership, which the GIL keeps whole.
             self.jobs |= self._staged_jobs
-        self._local.staged = {}
-        self._local.jobs = set()
+            if len(self.owners) + len(self._staged_owners) > self.MAX_JOBS:
+                self.owners = {}
+            self.owners.update(self._staged_owners)
+        self.rollback()
 
     def rollback(self) -> None:
         """The calling thread's transaction rolled back: forget what it staged."""
         self._local.staged = {}
         self._local.jobs = set()
+        self._local.owners = {}
 
 
 def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
@@ -149,7 +166,7 @@ def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | N
 def ingest_many_in(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
     """``ingest_many`` inside the caller's transaction ``conn``."""
     outcomes: list[Outcome | None] = [None] * len(items)
-    owners = _claim_agent_ids(conn, items)
+    owners = _claim_agent_ids(conn, items, cache)
     for i, item in enumerate(items):
         owner = owners[item.batch.agent_id]
         if owner != item.batch.host:
@@ -162,13 +179,18 @@ def ingest_many_in(conn: Connection, items: Sequence[Pending], cache: DeviceCach
     return [o if o is not None else IngestResult(duplicate=True, n_intervals=0) for o in outcomes]
 
 
-def _claim_agent_ids(conn: Connection, items: Sequence[Pending]) -> dict[str, str]:
+def _claim_agent_ids(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> dict[str, str]:
     """Bind each new agent id to the host of its first batch; every agent id's owner host."""
     first_host: dict[str, tuple[str, float]] = {}
     for item in items:
         first_host.setdefault(item.batch.agent_id, (item.batch.host, item.received_at_s))
-    ids = sorted(first_host)
-    known = dict(conn.execute(select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(ids))).all())
+    cached = cache.owners if cache is not None else {}
+    known = {a: cached[a] for a in first_host if a in cached}
+    ids = sorted(a for a in first_host if a not in known)
+    if not ids:
+        return known
+    stmt = select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(ids))
+    known.update({str(a): str(h) for a, h in conn.execute(stmt).all()})
     unknown = [a for a in ids if a not in known]
     if unknown:
         stmt, params = upsert_rows(
@@ -179,8 +201,10 @@ def _claim_agent_ids(conn: Connection, items: Sequence[Pending]) -> dict[str, st
         conn.execute(stmt.on_conflict_do_nothing(index_elements=[agents.c.agent_id]), params)
         # Read after the insert: under a race, PostgreSQL's ON CONFLICT waited for the other insert to commit.
         stmt = select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(unknown))
-        known.update(dict(conn.execute(stmt).all()))
-    return {str(k): str(v) for k, v in known.items()}
+        known.update({str(a): str(h) for a, h in conn.execute(stmt).all()})
+    if cache is not None:
+        cache.stage_owners({a: known[a] for a in ids if a in known})
+    return known
 
 
 def _claim_batches(conn: Connection, items: Sequence[Pending], outcomes: list[Outcome | None]) -> list[int]:

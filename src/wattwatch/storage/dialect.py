@@ -89,6 +89,64 @@ def cached_upsert(
     return stmt, upsert_params(conn, table, rows)
 
 
+# SQLite: a cached statement's SQL text and, per positional parameter, its key in a row (or None and its
+# fixed value) and its type's bind processor.
+_Plan = tuple[Any, str, tuple[tuple[str | None, Any, Any], ...]]
+_SQLITE_MANY: dict[int, _Plan | None] = {}
+
+
+def execute_rows(conn: Connection, stmt: Any, params: Any) -> None:
+    """Execute a ``cached_upsert`` statement (no RETURNING) with its parameters.
+
+    On SQLite the statement is compiled once and its rows go to sqlite3's executemany as tuples, through
+    ``exec_driver_sql`` (errors wrapped as any statement's), each value through its type's bind processor
+    as SQLAlchemy would: its executemany built every row's tuple through several layers of Python, which
+    cost more than SQLite's own upsert. PostgreSQL's (one row of arrays) runs as usual.
+    """
+    if conn.dialect.name != "sqlite" or not isinstance(params, list) or not params:
+        conn.execute(stmt, params)
+        return
+    plan = _SQLITE_MANY.get(id(stmt))
+    if plan is None or plan[0] is not stmt:  # (a statement of the same id that was freed and replaced)
+        plan = _SQLITE_MANY[id(stmt)] = _sqlite_plan(conn, stmt)
+    # A column the rows leave out gets its default from SQLAlchemy: such statements run as usual.
+    if plan is None or not all(key is None or key in params[0] for key, _, _ in plan[2]):
+        conn.execute(stmt, params)
+        return
+    _, sql, binds = plan
+    rows = [
+        tuple(
+            fixed if key is None else (row[key] if process is None else process(row[key]))
+            for key, fixed, process in binds
+        )
+        for row in params
+    ]
+    conn.exec_driver_sql(sql, rows)
+
+
+def _sqlite_plan(conn: Connection, stmt: Any) -> _Plan | None:
+    """The statement, its SQL text and its positional parameters, or None when it is not one positional
+    statement without RETURNING or expanding parameters (it then runs as usual)."""
+    compiled = stmt.compile(dialect=conn.dialect)
+    names = compiled.positiontup
+    if names is None or compiled.effective_returning:
+        return None
+    binds = []
+    for name in names:
+        bind = compiled.binds[name]
+        if bind.expanding or bind.callable is not None:
+            return None
+        process = bind.type.bind_processor(conn.dialect)
+        # Row values bind by column key (required); literals in the statement (append_token's ",") carry
+        # their value.
+        if bind.required:
+            binds.append((bind.key, None, process))
+        else:
+            value = bind.effective_value
+            binds.append((None, value if process is None else process(value), None))
+    return stmt, str(compiled), tuple(binds)
+
+
 def pg_array(values: list[Any], type_: Any) -> Any:
     """``values`` as a PostgreSQL array literal (``{1.5,2}``, ``{"a","b"}``) for a column of ``type_``, or the
     list itself for a type not handled here (psycopg adapts it).

@@ -9,8 +9,13 @@ PostgreSQL database (WATTWATCH_TEST_PG_URL, default postgresql://postgres@127.0.
 dropped). The target is 200 ms; the ratio to ``python -c pass`` says how much of it is wattwatch's own,
 whatever the machine's speed. Then the imports of one ``report`` run, by top-level module, largest first.
 
-Run: ``python benchmarks/report_startup.py`` (``--repeat 15``; ``--sqlite-only`` skips PostgreSQL). Reads on
-a large database are ``report_scale.py``'s; this one is the fixed cost every invocation pays.
+With ``--fill 10000000`` it also fills a scratch PostgreSQL database as ``report_scale.py`` does (10M raw
+intervals, 20,000 jobs over 30 days, 64 hosts of 8 GPUs and a CPU) and times ``wattwatch report`` on it as
+a user types it, straight from the database and through a collector serving it: the issue's figure.
+
+Run: ``python benchmarks/report_startup.py`` (``--repeat 15``; ``--sqlite-only`` skips PostgreSQL), or
+``python benchmarks/report_startup.py --fill 10000000`` (about two minutes more). The reads alone, in
+process, are ``report_scale.py``'s.
 """
 
 from __future__ import annotations
@@ -74,13 +79,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--db",
         default="",
         help="also a filled database (e.g. one report_scale.fill wrote): report --db on it, and --server "
-        "through a collector on it, a first page of --limit jobs",
+        "through a collector on it",
     )
-    p.add_argument("--limit", type=int, default=100, help="jobs per page on --db's database (default 100)")
+    p.add_argument(
+        "--fill",
+        type=int,
+        default=0,
+        metavar="INTERVALS",
+        help="also fill a scratch PostgreSQL database as report_scale.py does (INTERVALS raw intervals, "
+        "--jobs jobs over 30 days, --hosts hosts) and time report --db and --server on it; the issue's "
+        "figure is --fill 10000000",
+    )
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs for --fill (default 20,000)")
+    p.add_argument("--hosts", type=int, default=64, help="hosts of 8 GPUs and a CPU for --fill (default 64)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help="jobs per page on the filled database (default: none given, the page `wattwatch report` shows)",
+    )
     args = p.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.fill and args.sqlite_only:
+        p.error("--fill fills a PostgreSQL database; drop --sqlite-only")
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "WATTWATCH_HOME": str(Path(tmp) / "home")}
         env.pop("WATTWATCH_TOKEN", None)
@@ -113,20 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if pg_ms is not None:
                 rows.append(("`wattwatch report`, empty PostgreSQL", pg_ms))
         if args.db:
-            page = ["--limit", str(args.limit)]
-            rows.append(
-                (
-                    f"`wattwatch report --db`, the filled database ({args.limit} jobs a page)",
-                    median_ms([*WATTWATCH, "report", "--db", args.db, *page], env, args.repeat),
-                )
-            )
-            collector, port = start_collector(args.db, 1, Path(tmp))
-            try:
-                served = [*WATTWATCH, "report", "--server", f"http://127.0.0.1:{port}", *page]
-                rows.append(("`wattwatch report --server`, a collector on it", median_ms(served, env, args.repeat)))
-            finally:
-                collector.terminate()
-                collector.wait(timeout=30)
+            rows += filled(args.db, args, env, Path(tmp), "the filled database")
+        if args.fill:
+            base = os.environ.get("WATTWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+            what = f"{args.fill:,} intervals, {args.jobs:,} jobs, PostgreSQL"
+            found, fill_note = on_pg_scratch(base, lambda url: filled(url, args, env, Path(tmp), what, fill=True))
+            rows += found or []
+            note = " ".join(n for n in (note, fill_note) if n)
         imports = import_breakdown(report, env, args.top)
     print(command("report_startup.py", argv))
     print(
@@ -153,6 +169,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def filled(
+    url: str, args: argparse.Namespace, env: dict[str, str], tmp: Path, what: str, *, fill: bool = False
+) -> list[tuple[str, float]]:
+    """``wattwatch report`` straight from the database at ``url`` and through a collector serving it, as a
+    user types it (``--limit`` only if given); with ``fill``, first migrate and fill it as report_scale does."""
+    if fill:
+        from report_scale import fill as fill_history
+
+        from wattwatch.storage import migrate
+        from wattwatch.storage.engine import make_engine
+        from wattwatch.storage.retention import fold_idle_days
+
+        migrate.upgrade(url)
+        engine = make_engine(url)
+        now_s = time.time()
+        fill_history(engine, intervals=args.fill, jobs=args.jobs, hosts=args.hosts, days=30.0, now_s=now_s)
+        fold_idle_days(engine, now_s=now_s)  # as the collector's prune pass leaves it
+        engine.dispose()
+    page = ["--limit", str(args.limit)] if args.limit else []
+    shown = f"{args.limit} jobs a page" if args.limit else "the default page"
+    out = [
+        (
+            f"`wattwatch report --db`, {what} ({shown})",
+            median_ms([*WATTWATCH, "report", "--db", url, *page], env, args.repeat),
+        )
+    ]
+    collector, port = start_collector(url, 1, tmp)
+    try:
+        served = [*WATTWATCH, "report", "--server", f"http://127.0.0.1:{port}", *page]
+        out.append((f"`wattwatch report --server`, a collector on it ({shown})", median_ms(served, env, args.repeat)))
+    finally:
+        collector.terminate()
+        collector.wait(timeout=30)
+    return out
 
 
 def _yes(ms: float) -> str:

@@ -114,6 +114,12 @@ BAD_BATCHES: list[tuple[str, Callable[[Body], None], str]] = [
     ("NUL in a label key", _set("jobs.0.labels", {"te\x00am": "nlp"}), "jobs[0].labels"),
     ("a flag of 300 characters", _set("intervals.0.flags", ["x" * 300]), "intervals[0].flags[0]"),
     ("nine flags", _set("intervals.0.flags", [f"f{i}" for i in range(9)]), "intervals[0].flags"),
+    # A pattern's `$` also matches before a final newline (Python's re, which msgspec uses): not here.
+    ("a job id ending in a newline", _set("jobs.0.id", "train-1\n"), "jobs[0].id"),
+    ("a device key ending in a newline", _set("devices.0.key", "gpu0\n"), "devices[0].key"),
+    ("a share's job id ending in a newline", _set("intervals.0.shares", {"train-1\n": 1.0}), "intervals[0].shares"),
+    ("a flag ending in a newline", _set("intervals.0.flags", ["clamped\n"]), "intervals[0].flags[0]"),
+    ("a grid region ending in a newline", _set("grid_region", "FR\n"), "grid_region"),
 ]
 
 

@@ -191,3 +191,34 @@ def test_a_collector_filters_as_the_database_does(
             assert ids(remote) == ids(local), args
             assert [j["energy_j"] for j in remote["jobs"]] == [j["energy_j"] for j in local["jobs"]]
             assert remote["idle"] == local["idle"] and remote["filters"].keys() == local["filters"].keys()
+
+
+def test_wattwatch_server_is_where_a_plain_report_asks(
+    seeded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With WATTWATCH_SERVER set, `report` and `jobs` without --server or --db ask that collector (here the
+    seeded database's, while WATTWATCH_DB names an empty one); --db still reads a database; a value that
+    is not a URL is one line, exit 2."""
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["db", "upgrade", "--db", empty]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("WATTWATCH_DB", empty)
+    local = report(seeded, capsys)
+    assert ids(local)
+    with running_collector(seeded, tmp_path) as url:
+        monkeypatch.setenv("WATTWATCH_SERVER", url)
+        capsys.readouterr()
+        assert main(["report", "--format", "json"]) == 0
+        assert ids(json.loads(capsys.readouterr().out)) == ids(local)
+        assert main(["jobs", "--format", "json"]) == 0
+        assert len(json.loads(capsys.readouterr().out)["jobs"]) == len(ids(local))
+        assert main(["report", "--db", empty, "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["jobs"] == []
+    monkeypatch.setenv("WATTWATCH_SERVER", "collector:8470")
+    capsys.readouterr()
+    assert main(["report"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "wattwatch report: error: --server / WATTWATCH_SERVER 'collector:8470' is not a URL; "
+        "use e.g. http://collector:8470"
+    )

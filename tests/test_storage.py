@@ -466,7 +466,7 @@ def test_report_shape_is_design_json(db_engine: Engine) -> None:
     report = repository.build_report(db_engine, grid_intensity_g_per_kwh=500.0, pue=1.2, now_s=T0 + 4010)
     # DESIGN's two keys, what tells "no job matches" from "no job yet" (issue 11), the paging cursor
     # (null: no limit asked, so this is the only page), what the emissions rest on (carbon_policy), and the
-    # page's totals (report_group; the CLI's footer).
+    # page's totals (report_group; the CLI's footer) and how many jobs match on all pages.
     assert set(report) == {
         "jobs",
         "idle",
@@ -477,7 +477,9 @@ def test_report_shape_is_design_json(db_engine: Engine) -> None:
         "next_cursor",
         "carbon",
         "totals",
+        "jobs_matched",
     }
+    assert report["jobs_matched"] == len(report["jobs"])
     assert report["totals"]["energy_j"] == pytest.approx(sum(j["energy_j"] for j in report["jobs"]), rel=1e-12)
     assert report["totals"]["idle_energy_j"] == pytest.approx(sum(i["energy_j"] for i in report["idle"]), rel=1e-12)
     assert report["filters"] == {} and report["jobs_recorded"] is True and report["next_cursor"] is None

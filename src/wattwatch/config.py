@@ -32,6 +32,9 @@ class Settings:
     db_url: str = ""  # empty: embedded SQLite at home/wattwatch.db
     listen: str = "127.0.0.1:8470"
     collector_url: str = "http://127.0.0.1:8470"
+    # The collector `report` and `jobs` ask when neither --server nor --db is given (WATTWATCH_SERVER): set
+    # once where the database is a fleet's PostgreSQL, so a report needs no database driver or credentials.
+    report_server: str = ""
     token: str = ""
     # Identity (issue 9): the bearer token from a file instead (resolve_token reads it); the CA an agent or
     # `report --server` trusts for an https collector; the collector's TLS certificate and key.
@@ -114,6 +117,7 @@ _ENV = {
     "db_url": "WATTWATCH_DB",
     "listen": "WATTWATCH_LISTEN",
     "collector_url": "WATTWATCH_COLLECTOR",
+    "report_server": "WATTWATCH_SERVER",
     "token": "WATTWATCH_TOKEN",
     "token_file": "WATTWATCH_TOKEN_FILE",
     "ca_file": "WATTWATCH_CA_FILE",

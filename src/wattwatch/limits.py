@@ -42,11 +42,14 @@ MAX_LABEL_VALUE_CHARS = 1024
 MAX_FLAGS = 8
 MAX_FLAG_CHARS = 24  # 8 flags x 24 characters + 7 commas = 199: the joined flags fit a String(200) column
 NO_NUL = r"^[^\x00]*$"  # a msgspec / JSON Schema pattern: no NUL anywhere
-FLAG_PATTERN = r"^[a-z0-9_]+$"
+# Patterns that end a whole value say `(?!\n)$`: msgspec matches with Python's re, where a bare `$` also
+# matches before a final newline, so `gpu0\n` passed as a key. The look-ahead means nothing to JSON
+# Schema's (ECMA) regexes, where `$` is the end already, so the published contract is unchanged in effect.
+FLAG_PATTERN = r"^[a-z0-9_]+(?!\n)$"
 # A host's grid region (``wattwatch.grid``): an ISO 3166 country code (FR, FRA) or a cloud
 # provider and region (gcp:europe-west9). Stored in hosts.grid_region, a String(64) column.
 MAX_GRID_REGION_CHARS = 64
-GRID_REGION_PATTERN = r"^(?:[A-Za-z]{2,3}|[A-Za-z0-9]+:[A-Za-z0-9_-]+)$"
+GRID_REGION_PATTERN = r"^(?:[A-Za-z]{2,3}|[A-Za-z0-9]+:[A-Za-z0-9_-]+)(?!\n)$"
 OWN_LABEL_PREFIX = "wattwatch.io/"  # labels wattwatch itself sets (phases, discovery): kept first
 
 # --- integers ------------------------------------------------------------------------------------------

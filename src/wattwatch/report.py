@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -137,28 +138,39 @@ def window_note(report: Mapping[str, Any]) -> str:
         lines.append(f"Jobs active in the last {window.get('since')} (the default; --since to change).")
     elif window.get("since_at"):
         lines.append(f"Jobs active since {window['since_at']} (--since {window.get('since')}).")
+    shown, matched = len(report.get("jobs") or []), report.get("jobs_matched")
+    if isinstance(matched, int) and matched > shown:
+        lines.append(f"This page: {shown} of the {matched} jobs that match; totals are this page's (--limit for more).")
     if report.get("next_cursor"):
         lines.append(f"more jobs: --cursor {report['next_cursor']}")
     return "\n".join(lines)
 
 
 def format_energy(energy_j: float | None) -> str:
-    """Joules in a readable unit: ``812 J``, ``45.2 kJ``, ``3.41 kWh``."""
+    """Joules in a readable unit: ``812 J``, ``45.2 kJ``, ``1660 kJ``, ``3.41 kWh``, ``15.7 MWh``; never
+    an exponent, which people misread."""
     if energy_j is None:
         return "-"
+    if energy_j >= 3.6e9:
+        return f"{_figure(energy_j / 3.6e9)} MWh"
     if energy_j >= 3.6e6:
-        return f"{energy_j / 3.6e6:.3g} kWh"
+        return f"{_figure(energy_j / 3.6e6)} kWh"
     if energy_j >= 1e4:
-        return f"{energy_j / 1e3:.3g} kJ"
+        return f"{_figure(energy_j / 1e3)} kJ"
     if energy_j >= 10:
         return f"{energy_j:.0f} J"
     return f"{energy_j:.3g} J"
 
 
+def _figure(value: float) -> str:
+    """Three significant digits, or a whole number once that would need an exponent (1660, not 1.66e+03)."""
+    return f"{value:.3g}" if value < 999.5 else f"{value:.0f}"
+
+
 def format_grams(grams: float) -> str:
     """CO2e in a readable unit: ``140 g``, ``1.06 kg``, ``3.2 t``."""
     if grams >= 1e6:
-        return f"{grams / 1e6:.3g} t"
+        return f"{_figure(grams / 1e6)} t"
     if grams >= 1e3:
         return f"{grams / 1e3:.3g} kg"
     return f"{grams:.3g} g"
@@ -196,7 +208,7 @@ def cell(job: Mapping[str, Any], key: str, notes: Mapping[str, int] | None = Non
     if key.endswith("power_w"):
         return "-" if value is None else f"{value:.0f}"
     if key in ("emissions_g", "cost"):
-        return "-" if value is None else f"{value:.3g}"
+        return "-" if value is None else _figure(float(value))
     if key == "sources":
         return ",".join(value or [])
     return "-" if value is None else str(value)
@@ -237,13 +249,22 @@ def _total_cells(report: Mapping[str, Any], keys: Sequence[str]) -> list[str] | 
     jobs, totals = report.get("jobs") or [], report.get("totals")
     if not jobs or not totals:
         return None
-    summed: dict[str, Any] = {"id": "TOTAL", "name": f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}"}
+    summed: dict[str, Any] = {"id": "TOTAL", "name": jobs_counted(report)}
     for key in _SUMMED:
         values = [j[key] for j in jobs if j.get(key) is not None]
         summed[key] = sum(values) if values else None
     for key in ("energy_j", "emissions_g", "cost", "duration_s"):
         summed[key] = totals.get(key)
     return [str(summed[k]) if k in ("id", "name") else (cell(summed, k) if k in _SUMMED else "") for k in keys]
+
+
+def jobs_counted(report: Mapping[str, Any]) -> str:
+    """``3 jobs``, or ``100 of 4667 jobs`` when other pages hold more that match (the total row sums this page)."""
+    shown = len(report.get("jobs") or [])
+    matched = report.get("jobs_matched")
+    if isinstance(matched, int) and matched > shown:
+        return f"{shown} of {matched} jobs"
+    return f"{shown} job{'s' if shown != 1 else ''}"
 
 
 def _rows(report: Mapping[str, Any], columns: Sequence[tuple[str, str, int]]) -> list[list[str]]:
@@ -347,8 +368,21 @@ def _hidden_note(hidden: Sequence[str], width: int | None) -> str:
     return textwrap.fill(text, width=max(width or 100, 40))
 
 
-def _idle_rows(report: Mapping[str, Any]) -> list[list[str]]:
-    return [[str(i["host"]), str(i["device"]), format_energy(i["energy_j"])] for i in report.get("idle", [])]
+# Idle energy is shown per device up to this many rows; beyond (a fleet: 64 hosts are 576 rows) per host,
+# which a person can read; CSV and JSON keep every device.
+IDLE_DEVICE_ROWS = 24
+
+
+def idle_view(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The idle table for people: (header, rows), per device, or per host when devices are too many."""
+    idle = report.get("idle") or []
+    if len(idle) <= IDLE_DEVICE_ROWS:
+        rows = [[str(i["host"]), str(i["device"]), format_energy(i["energy_j"])] for i in idle]
+        return ["HOST", "DEVICE", "ENERGY"], rows
+    per_host: dict[str, list[float]] = {}
+    for i in idle:
+        per_host.setdefault(str(i["host"]), []).append(float(i["energy_j"] or 0.0))
+    return ["HOST", "DEVICES", "ENERGY"], [[h, str(len(e)), format_energy(math.fsum(e))] for h, e in per_host.items()]
 
 
 def empty_message(report: Mapping[str, Any]) -> str:
@@ -365,12 +399,13 @@ def empty_message(report: Mapping[str, Any]) -> str:
     return "No jobs recorded yet. Tag one with `wattwatch run` or wattwatch.job()."
 
 
-def _idle_title(report: Mapping[str, Any]) -> str:
+def _idle_title(report: Mapping[str, Any], header: Sequence[str]) -> str:
     start, end = report.get("idle_from"), report.get("idle_until")
+    per_host = ", per host (per device: csv or json)" if "DEVICES" in header else ""
     if not start and not end:
-        return "Idle energy (held by no job)"
+        return f"Idle energy (held by no job){per_host}"
     window = f"from {start or 'the start'} to {end or 'now'}"
-    return f"Idle energy (held by no job), whole hours {window}"
+    return f"Idle energy (held by no job), whole hours {window}{per_host}"
 
 
 def carbon_lines(report: Mapping[str, Any]) -> list[str]:
@@ -385,8 +420,12 @@ def carbon_lines(report: Mapping[str, Any]) -> list[str]:
     hosts = carbon.get("hosts") or []
     if not hosts:
         lines.append(f"  grid intensity {carbon['default_g_per_kwh']:g} g/kWh (config default)")
+    # Hosts on one intensity from one source share a line: a fleet in one region is one line, not 64.
+    same: dict[tuple[float, str], list[str]] = {}
     for h in hosts:
-        lines.append(f"  {h['host']}: {h['g_per_kwh']:.4g} g/kWh ({h['source']})")
+        same.setdefault((float(h["g_per_kwh"]), str(h["source"])), []).append(str(h["host"]))
+    for (g_per_kwh, source), names in same.items():
+        lines.append(f"  {_host_list(names)}: {g_per_kwh:.4g} g/kWh ({source})")
     kinds = carbon.get("by_kind") or []
     if kinds:
 
@@ -397,6 +436,13 @@ def carbon_lines(report: Mapping[str, Any]) -> list[str]:
         total = f"total {format_grams(carbon['emissions_g'])}{money(carbon.get('cost'))}"
         lines.append(f"  by kind: {'; '.join(parts)}; {total}")
     return lines
+
+
+def _host_list(names: Sequence[str]) -> str:
+    """``node1``, ``node1, node2, node3``, or ``64 hosts (node0000 ... node0063)``."""
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{len(names)} hosts ({names[0]} ... {names[-1]})"
 
 
 def _table(report: Mapping[str, Any], *, width: int | None = None, color: bool = False) -> str:
@@ -434,9 +480,9 @@ def _table(report: Mapping[str, Any], *, width: int | None = None, color: bool =
     share = idle_share_line(report)
     if share and has_rows:
         parts += ["", share]
-    idle = _idle_rows(report)
+    header, idle = idle_view(report)
     if idle:
-        parts += ["", f"{_idle_title(report)}:", _grid(["HOST", "DEVICE", "ENERGY"], idle)]
+        parts += ["", f"{_idle_title(report, header)}:", _grid(header, idle)]
     if any("estimate" in (j.get("sources") or []) for j in report.get("jobs", [])):
         parts += ["", "Note: 'estimate' energy comes from a TDP model (no RAPL counter here), not a measurement."]
     note = window_note(report)
@@ -479,9 +525,9 @@ def _markdown(report: Mapping[str, Any]) -> str:
     share = idle_share_line(report)
     if share and rows:
         lines += ["", share]
-    idle = _idle_rows(report)
+    header, idle = idle_view(report)
     if idle:
-        lines += ["", f"**{_idle_title(report)}**", "", *md(["HOST", "DEVICE", "ENERGY"], idle)]
+        lines += ["", f"**{_idle_title(report, header)}**", "", *md(header, idle)]
     note = window_note(report)
     if note:
         lines += ["", note]

@@ -47,7 +47,8 @@ Tokens = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_TOKENS)]
 Seq = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_SEQ)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, pattern=limits.NO_NUL)]
 Text = Annotated[str, msgspec.Meta(max_length=limits.MAX_NAME_CHARS, pattern=limits.NO_NUL)]
-KEY_PATTERN = r"^[A-Za-z0-9_.:@/-]+$"
+KEY_CHARS = r"^[A-Za-z0-9_.:@/-]+$"  # for regexes whose `$` is the end of the text (pydantic's)
+KEY_PATTERN = r"^[A-Za-z0-9_.:@/-]+(?!\n)$"  # for Python's re (msgspec's): see limits.FLAG_PATTERN
 Key = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, pattern=KEY_PATTERN)]
 # A Key whose pattern ``Batch`` checks once per distinct value instead of msgspec once per occurrence: an
 # interval's device and job ids repeat in every interval, and the per-string regex was half of decoding

@@ -196,6 +196,9 @@ class Report(msgspec.Struct):
     idle_from: Annotated[Timestamp | None, msgspec.Meta(description="idle energy counts whole hours from here")]
     idle_until: Annotated[Timestamp | None, msgspec.Meta(description="... up to here")]
     next_cursor: str | None
+    jobs_matched: Annotated[
+        int, msgspec.Meta(description="jobs matching the filters on all pages (the page's count if it is the only one)")
+    ]
     window: ReportWindow
     carbon: Annotated[CarbonSummary, msgspec.Meta(description="intensity per host, its source, PUE, price, totals")]
 

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection, func, literal_column, or_, select
 
+from wattwatch.storage.dialect import among
 from wattwatch.storage.tables import jobs
 
 # Eight characters of a uuid4 hex id: one clash in ~4 billion pairs, and short enough to type.
@@ -88,7 +89,9 @@ def short_ids(conn: Connection, ids: Iterable[str]) -> dict[str, str]:
     others: set[str] = set()
     for chunk_start in range(0, len(stems), 500):  # bound the IN list
         chunk = stems[chunk_start : chunk_start + 500]
-        others.update(conn.execute(select(jobs.c.id).where(jobs.c.phase_of.is_(None), id_stem.in_(chunk))).scalars())
+        others.update(
+            conn.execute(select(jobs.c.id).where(jobs.c.phase_of.is_(None), among(conn, id_stem, chunk))).scalars()
+        )
     ordered = sorted(others | set(wanted))
     out: dict[str, str] = {}
     for i, job_id in enumerate(ordered):

@@ -33,6 +33,7 @@ from wattwatch.accounting.rollup import hour_floor_s
 from wattwatch.carbon_policy import CarbonPolicy
 from wattwatch.grid import GridIntensity
 from wattwatch.report_group import totals
+from wattwatch.storage.dialect import among
 from wattwatch.storage.job_refs import resolve_job_ref, short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import (
@@ -125,13 +126,13 @@ def _matches(
 
 def _job_entries(
     conn: Connection,
-    job_ids: Select[Any],
+    job_ids: Select[Any] | list[str],
     *,
     carbon: CarbonPolicy,
     now_s: float,
 ) -> dict[str, dict[str, Any]]:
-    """Report entries for the jobs ``job_ids`` selects, keyed by job id (caller orders them)."""
-    job_rows = conn.execute(select(jobs).where(jobs.c.id.in_(job_ids))).all()
+    """Report entries for the jobs ``job_ids`` selects or lists, keyed by job id (caller orders them)."""
+    job_rows = conn.execute(select(jobs).where(among(conn, jobs.c.id, job_ids))).all()
     if not job_rows:
         return {}
     # The ids themselves from here on, not the select again: a list of ids is probed on each table's
@@ -143,12 +144,12 @@ def _job_entries(
     energy_rows = conn.execute(
         select(jde.c.job_id, hosts.c.name, devices.c.key, devices.c.kind, jde.c.energy_j, jde.c.sources)
         .select_from(jde.join(devices, jde.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id))
-        .where(jde.c.job_id.in_(ids))
+        .where(among(conn, jde.c.job_id, ids))
     ).all()
     host_rows = conn.execute(
         select(job_hosts.c.job_id, hosts.c.name, job_hosts.c.peak_power_w)
         .select_from(job_hosts.join(hosts, job_hosts.c.host_id == hosts.c.id))
-        .where(job_hosts.c.job_id.in_(ids))
+        .where(among(conn, job_hosts.c.job_id, ids))
     ).all()
     figures = read_span_figures(conn, ids)
     phases = _phases_of(conn, ids, now_s=now_s)
@@ -299,7 +300,7 @@ def _phases_of(conn: Connection, job_ids: Select[Any] | list[str], *, now_s: flo
     phase = jobs.alias("phase")  # not correlated with the ``jobs`` that ``job_ids`` reads
     rows = conn.execute(
         select(phase.c.id, phase.c.phase, phase.c.phase_of, phase.c.started_at_s, phase.c.ended_at_s).where(
-            phase.c.phase_of.in_(job_ids)
+            among(conn, phase.c.phase_of, job_ids)
         )
     ).all()
     if not rows:
@@ -308,7 +309,7 @@ def _phases_of(conn: Connection, job_ids: Select[Any] | list[str], *, now_s: flo
     energy_j = dict(
         conn.execute(
             select(jde.c.job_id, func.sum(jde.c.energy_j))
-            .where(jde.c.job_id.in_([r.id for r in rows]))
+            .where(among(conn, jde.c.job_id, [r.id for r in rows]))
             .group_by(jde.c.job_id)
         ).all()
     )
@@ -395,7 +396,8 @@ def build_report(
 ) -> dict[str, Any]:
     """The report of DESIGN.md: ``{"jobs": [...], "idle": [{"host", "device", "energy_j"}]}``, plus
     ``filters`` (those given, times as ISO), ``jobs_recorded`` (whether the database holds any job at
-    all, so "nothing matches" and "nothing yet" read differently) and ``next_cursor`` (paging).
+    all, so "nothing matches" and "nothing yet" read differently), ``next_cursor`` (paging) and
+    ``jobs_matched`` (jobs matching the filters on all pages, so a page can say "100 of 4,667").
 
     ``since_s`` keeps jobs that ended at or after it (or still run), ``until_s`` those that started before
     it; idle energy follows the same window in whole hours (the hour containing ``since_s`` on, hours
@@ -412,25 +414,35 @@ def build_report(
     now_s = time.time() if now_s is None else now_s
     policy = _policy(carbon, grid_intensity_g_per_kwh, pue)
     want = dict(labels or {})
-    where = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
+    matching = _job_where(since_s=since_s, job_id=job_id, kind=kind, until_s=until_s, host=host)
+    where = list(matching)
+    after: tuple[float, str] | None = None
     if cursor is not None:
-        after_s, after_id = decode_cursor(cursor)
-        where.append(or_(jobs.c.started_at_s > after_s, and_(jobs.c.started_at_s == after_s, jobs.c.id > after_id)))
+        after = decode_cursor(cursor)
+        where.append(or_(jobs.c.started_at_s > after[0], and_(jobs.c.started_at_s == after[0], jobs.c.id > after[1])))
     in_order = (jobs.c.started_at_s, jobs.c.id)
     with _snapshot(engine) as conn:
         kept: list[str] | None = None
+        matched: int | None = None
         if name is not None or want:
             # Globs and JSON labels are matched here, the same on SQLite and PostgreSQL (LIKE differs in
-            # case, JSON operators in syntax); only the window's rows are read.
-            rows = conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.labels).where(*where).order_by(*in_order)).all()
-            kept = [r.id for r in rows if _matches(r.name, r.labels, name, want)]
+            # case, JSON operators in syntax); only the window's rows are read, every page's (for the count).
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.name, jobs.c.labels, jobs.c.started_at_s).where(*matching).order_by(*in_order)
+            ).all()
+            hits = [r for r in rows if _matches(r.name, r.labels, name, want)]
+            matched = len(hits)
+            kept = [r.id for r in hits if after is None or (r.started_at_s, r.id) > after]
         elif limit is not None:
             # Only the page's ids are read, in order; entries (the joins) are built for those alone.
             kept = list(conn.execute(select(jobs.c.id).where(*where).order_by(*in_order).limit(limit + 1)).scalars())
         more = kept is not None and limit is not None and len(kept) > limit
         if kept is not None and limit is not None:
             kept = kept[:limit]
-        job_ids = select(jobs.c.id).where(*where) if kept is None else select(jobs.c.id).where(jobs.c.id.in_(kept))
+        if matched is None and (more or after is not None):
+            # Other pages hold jobs too: count them all (one indexed count), so "100 of 4,667" can be said.
+            matched = conn.execute(select(func.count()).select_from(jobs).where(*matching)).scalar_one()
+        job_ids: Select[Any] | list[str] = select(jobs.c.id).where(*where) if kept is None else kept
         entries = _job_entries(conn, job_ids, carbon=policy, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
         idle_host_names = {h for e in ordered for h in e["hosts"]} if job_id is not None else None
@@ -464,6 +476,8 @@ def build_report(
         "idle_from": iso_utc(idle_from_s),
         "idle_until": iso_utc(idle_until_s),
         "next_cursor": encode_cursor(last["started_at_s"], last["id"]) if last is not None else None,
+        # Jobs matching the filters on every page (this one's count when it is the only page).
+        "jobs_matched": len(ordered) if matched is None else matched,
         "carbon": carbon_summary,
         # This page's sums and the idle share (report_group.totals: the CLI's footer is the same figures).
         "totals": totals(ordered, idle),

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, select
 
+from wattwatch.storage.dialect import among
 from wattwatch.storage.spans import COUNT_KIND
 from wattwatch.storage.tables import job_query_totals, span_stats
 
@@ -75,9 +76,12 @@ class SpanFigures:
 
 def read_span_figures(conn: Connection, job_ids: Select[Any] | list[str]) -> dict[str, SpanFigures]:
     """Figures for the jobs ``job_ids`` selects (or lists); a job with no spans or counts is absent (all zero/None)."""
-    totals = {r.job_id: r for r in conn.execute(select(job_query_totals).where(job_query_totals.c.job_id.in_(job_ids)))}
+    totals = {
+        r.job_id: r
+        for r in conn.execute(select(job_query_totals).where(among(conn, job_query_totals.c.job_id, job_ids)))
+    }
     stats: dict[str, dict[str, Any]] = {}
-    for r in conn.execute(select(span_stats).where(span_stats.c.job_id.in_(job_ids))):
+    for r in conn.execute(select(span_stats).where(among(conn, span_stats.c.job_id, job_ids))):
         stats.setdefault(r.job_id, {})[r.kind] = r
     return {job_id: _figures(totals.get(job_id), stats.get(job_id, {})) for job_id in {*totals, *stats}}
 

@@ -13,6 +13,7 @@ from sqlalchemy import (
     Connection,
     Float,
     Integer,
+    LargeBinary,
     String,
     Table,
     bindparam,
@@ -160,6 +161,10 @@ def pg_array(values: list[Any], type_: Any) -> Any:
         if None in values:
             return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
         return "{" + ",".join(map(repr, values)) + "}"
+    if isinstance(type_, LargeBinary) and all(type(v) is bytes for v in values):
+        # bytea's hex form, its backslash escaped for the array literal: psycopg dumped a list of bytes
+        # element by element in Python.
+        return "{" + ",".join(['"\\\\x' + v.hex() + '"' for v in values]) + "}"
     if isinstance(type_, JSON):
         return _quoted([None if v is None else json.dumps(v) for v in values])
     if isinstance(type_, String) and all(v is None or type(v) is str for v in values):
@@ -227,16 +232,22 @@ def append_rows(conn: Connection, table: Table, columns: Sequence[str], rows: Se
     if not rows:
         return
     if conn.dialect.name == "postgresql":
-        stmt, params = cached_upsert(
-            conn, f"append:{table.name}", table, [dict(zip(columns, r, strict=True)) for r in rows], lambda base: base
+        names = tuple(columns)
+        k = (conn.dialect.name, f"append:{table.name}", names)
+        stmt = _FINISHED.get(k)
+        if stmt is None:
+            stmt = _FINISHED[k] = _base_upsert(conn, table, names)
+        # A column's array straight from the tuples (no dict per row).
+        by_column = zip(*rows, strict=True)
+        conn.execute(
+            stmt, {f"u_{n}": pg_array(list(c), table.c[n].type) for n, c in zip(names, by_column, strict=True)}
         )
-        conn.execute(stmt, params)
         return
     # One INSERT handed to sqlite3's executemany with the tuples as they are: no per-row dicts and no
     # SQLAlchemy parameter processing, which cost more than SQLite's own insert.
-    names = ", ".join(f'"{c}"' for c in columns)
+    quoted = ", ".join(f'"{c}"' for c in columns)
     marks = ", ".join("?" * len(columns))
-    conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", [tuple(r) for r in rows])
+    conn.exec_driver_sql(f"INSERT INTO {table.name} ({quoted}) VALUES ({marks})", [tuple(r) for r in rows])
 
 
 @contextmanager

@@ -72,7 +72,7 @@ class IngestHandler:
         else:
             pending = await run_in_threadpool(self.checked, authorization, body, content_encoding)
         try:
-            result = await asyncio.wrap_future(ctx.writer.submit_future(pending))
+            result = await ctx.writer.store(pending)
         except (repository.AgentIdTaken, repository.KeyReused) as exc:
             ctx.ingest.errors.inc()
             raise conflict(exc) from None

@@ -114,7 +114,7 @@ def rollup_intervals(intervals: Iterable[IntervalLike]) -> BatchRollup:
     # parts arrived, so every sum adds the same numbers in the same order as adding them up on the way.
     out = BatchRollup()
     idle = out.idle_j
-    # Per (job, device): [energy_j, sources, last source, parts as (t_start_s, t_end_s, energy_j)].
+    # Per (job, device): [sources, last source, parts as (t_start_s, t_end_s, energy_j)].
     pairs: dict[tuple[str, str], list[Any]] = {}
     # Per job: its parts on every device, in arrival order.
     per_job: dict[str, list[tuple[float, float, float]]] = {}
@@ -123,48 +123,58 @@ def rollup_intervals(intervals: Iterable[IntervalLike]) -> BatchRollup:
     inf = math.inf
     for iv in intervals:
         shares = iv.shares
-        t0, t1 = iv.t_start_s, iv.t_end_s
         if len(shares) == 1 and iv.idle_weight == 0.0:
             # The common case, a device held by one job: all of it is that job's. ``split_interval`` does
             # the same (and checks the energy, which decoding has bounded already); inlined, it is half
             # the loop's cost.
-            ((only, weight),) = shares.items()
-            energy_j = iv.energy_j
-            if not (0.0 <= energy_j < inf and 0.0 <= weight < inf):
-                split_interval(energy_j, shares, 0.0)  # raises the ValueError naming it
-            parts: Any = ((only, energy_j),)
-            idle_j = 0.0
-            held = True
-        else:
-            jobs_j, idle_j = split_interval(iv.energy_j, shares, iv.idle_weight)
-            parts = jobs_j.items()
-            held = bool(jobs_j)
-        if held:
+            ((job_id, weight),) = shares.items()
+            part_j = iv.energy_j
+            if not (0.0 <= part_j < inf and 0.0 <= weight < inf):
+                split_interval(part_j, shares, 0.0)  # raises the ValueError naming it
+            part = (iv.t_start_s, iv.t_end_s, part_j)
+            source = iv.source
+            pair = pairs.get((job_id, iv.device))
+            if pair is None:
+                pairs[(job_id, iv.device)] = [{source}, source, [part]]
+            else:
+                if source != pair[1]:
+                    pair[0].add(source)
+                    pair[1] = source
+                pair[2].append(part)
+            job_parts = per_job.get(job_id)
+            if job_parts is None:
+                per_job[job_id] = [part]
+            else:
+                job_parts.append(part)
+            continue
+        t0, t1 = iv.t_start_s, iv.t_end_s
+        jobs_j, idle_j = split_interval(iv.energy_j, shares, iv.idle_weight)
+        if jobs_j:
             source = iv.source
             device = iv.device
-            for job_id, part_j in parts:
+            for job_id, part_j in jobs_j.items():
                 part = (t0, t1, part_j)
                 pair = pairs.get((job_id, device))
                 if pair is None:
-                    pairs[(job_id, device)] = [part_j, {source}, source, [part]]
+                    pairs[(job_id, device)] = [{source}, source, [part]]
                 else:
-                    pair[0] += part_j
-                    if source != pair[2]:
-                        pair[1].add(source)
-                        pair[2] = source
-                    pair[3].append(part)
+                    if source != pair[1]:
+                        pair[0].add(source)
+                        pair[1] = source
+                    pair[2].append(part)
                 job_parts = per_job.get(job_id)
                 if job_parts is None:
                     per_job[job_id] = [part]
                 else:
                     job_parts.append(part)
-        if idle_j > 0.0 or not held:
+        if idle_j > 0.0 or not jobs_j:
             ikey = (iv.device, floor(t0 / hour_s) * hour_s)
             idle[ikey] = idle.get(ikey, 0.0) + idle_j
     job_device = out.job_device
     device_ticks: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-    for key, (energy_j, sources, _, held_parts) in pairs.items():
-        job_device[key] = JobDeviceTotals(energy_j=energy_j, max_power_w=_peak_power_w(held_parts), sources=sources)
+    for key, (sources, _, held_parts) in pairs.items():
+        energy_j, peak_w = _energy_and_peak(held_parts)
+        job_device[key] = JobDeviceTotals(energy_j=energy_j, max_power_w=peak_w, sources=sources)
         device_ticks[key] = held_parts
     for job_id, job_parts in per_job.items():
         out.job_host[job_id] = _job_ticks(job_id, job_parts, out.job_ticks_j)
@@ -172,17 +182,17 @@ def rollup_intervals(intervals: Iterable[IntervalLike]) -> BatchRollup:
     return out
 
 
-def _peak_power_w(parts: list[tuple[float, float, float]]) -> float:
-    """The largest power over ``PEAK_WINDOW_S`` windows of ``(t_start_s, t_end_s, energy_j)`` parts (in
-    arrival order; a part belongs to the window its start falls in); 0.0 when no window spans
-    ``MIN_POWER_WINDOW_S``."""
+def _energy_and_peak(parts: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """The parts' energy (added in arrival order) and their largest power over ``PEAK_WINDOW_S`` windows (a
+    part belongs to the window its start falls in; 0.0 when no window spans ``MIN_POWER_WINDOW_S``), in
+    one pass: parts come window after window, each window a run of consecutive parts summed in place."""
     floor = math.floor
     window_s, min_span_s = PEAK_WINDOW_S, MIN_POWER_WINDOW_S
-    best_w = 0.0
+    total_j = best_w = 0.0
     bucket = None
     energy_j = start_s = end_s = 0.0
-    # Parts come window after window: each window is a run of consecutive parts, summed in place.
     for t0, t1, part_j in parts:
+        total_j += part_j
         b = floor(t0 / window_s)
         if b == bucket:
             energy_j += part_j
@@ -193,7 +203,7 @@ def _peak_power_w(parts: list[tuple[float, float, float]]) -> float:
             continue
         if bucket is not None:
             if b < bucket:  # a window seen before may come back: add them up by window instead
-                return _peak_power_any_order_w(parts)
+                return _sum_j(parts), _peak_power_any_order_w(parts)
             span_s = end_s - start_s
             if span_s >= min_span_s and energy_j / span_s > best_w:
                 best_w = energy_j / span_s
@@ -202,11 +212,20 @@ def _peak_power_w(parts: list[tuple[float, float, float]]) -> float:
         span_s = end_s - start_s
         if span_s >= min_span_s and energy_j / span_s > best_w:
             best_w = energy_j / span_s
-    return best_w
+    return total_j, best_w
+
+
+def _sum_j(parts: list[tuple[float, float, float]]) -> float:
+    """The parts' energy, added in arrival order."""
+    total_j = 0.0
+    for _, _, part_j in parts:
+        total_j += part_j
+    return total_j
 
 
 def _peak_power_any_order_w(parts: list[tuple[float, float, float]]) -> float:
-    """``_peak_power_w`` for parts in any order."""
+    """The largest power over ``PEAK_WINDOW_S`` windows of ``(t_start_s, t_end_s, energy_j)`` parts in any
+    order (a part belongs to the window its start falls in); 0.0 when no window spans ``MIN_POWER_WINDOW_S``."""
     windows: dict[int, list[float]] = {}
     for t0, t1, part_j in parts:
         b = math.floor(t0 / PEAK_WINDOW_S)
@@ -230,16 +249,38 @@ def _job_ticks(
 ) -> JobHostTotals:
     """Add the job's parts (every device's, in arrival order) to ``ticks`` per ``(job, t_start_s, t_end_s)``;
     the job's totals on the host: first start, last end, peak power over ``PEAK_WINDOW_S`` windows."""
+    floor = math.floor
+    window_s, min_span_s = PEAK_WINDOW_S, MIN_POWER_WINDOW_S
     first_s, last_s = math.inf, -math.inf
     mine: dict[tuple[str, float, float], float] = {}
     tick_t0 = tick_t1 = math.nan  # no tick yet: NaN equals nothing
     tick_j = 0.0
+    # The peak's windows, as in _energy_and_peak, in the same pass.
+    best_w = 0.0
+    bucket = None
+    window_j = start_s = end_s = 0.0
     in_order = True
     for t0, t1, part_j in parts:
         if t0 < first_s:
             first_s = t0
         if t1 > last_s:
             last_s = t1
+        b = floor(t0 / window_s)
+        if b == bucket:
+            window_j += part_j
+            if t0 < start_s:
+                start_s = t0
+            if t1 > end_s:
+                end_s = t1
+        else:
+            if bucket is not None:
+                if b < bucket:
+                    in_order = False  # a window seen before may come back: add them up by key instead
+                    break
+                span_s = end_s - start_s
+                if span_s >= min_span_s and window_j / span_s > best_w:
+                    best_w = window_j / span_s
+            bucket, window_j, start_s, end_s = b, part_j, t0, t1
         # Devices read at the same times: a tick's parts come together, one run per tick.
         if t0 == tick_t0 and t1 == tick_t1:
             tick_j += part_j
@@ -253,6 +294,10 @@ def _job_ticks(
     if in_order:
         if tick_t0 == tick_t0:
             mine[(job_id, tick_t0, tick_t1)] = tick_j
+        if bucket is not None:
+            span_s = end_s - start_s
+            if span_s >= min_span_s and window_j / span_s > best_w:
+                best_w = window_j / span_s
     else:
         mine = {}
         for t0, t1, part_j in parts:
@@ -260,8 +305,9 @@ def _job_ticks(
             mine[key] = mine.get(key, 0.0) + part_j
         first_s = min(p[0] for p in parts)
         last_s = max(p[1] for p in parts)
+        best_w = _peak_power_any_order_w(parts)
     ticks.update(mine)
-    return JobHostTotals(peak_power_w=_peak_power_w(parts), first_s=first_s, last_s=last_s)
+    return JobHostTotals(peak_power_w=best_w, first_s=first_s, last_s=last_s)
 
 
 def _window_power_w(window: list[float]) -> float | None:

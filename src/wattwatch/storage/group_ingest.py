@@ -24,7 +24,15 @@ from sqlalchemy import Connection, Engine, func, select, tuple_
 from wattwatch import grid, wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
 from wattwatch.storage import raw_batches, tables
-from wattwatch.storage.dialect import append_rows, cached_upsert, greatest, pipelined, upsert, upsert_rows
+from wattwatch.storage.dialect import (
+    append_rows,
+    cached_upsert,
+    execute_rows,
+    greatest,
+    pipelined,
+    upsert,
+    upsert_rows,
+)
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
 from wattwatch.storage.spans import record_spans, record_ticks_many
 from wattwatch.storage.tables import agents, devices, hosts, ingested_batches
@@ -77,6 +85,8 @@ class DeviceCache:
         # Agent id -> the host it is bound to: a binding is written once and never changed nor deleted, so
         # a committed one is valid for good (saves a SELECT per group).
         self.owners: dict[str, str] = {}
+        # Host name -> id: a host row is never deleted nor renamed (saves SQLite a SELECT per group).
+        self.host_ids: dict[str, int] = {}
         # What each writer thread's running transaction wrote: one cache serves every writer thread, so a
         # host's devices are upserted once per collector process, not once per thread.
         self._local = threading.local()
@@ -102,6 +112,17 @@ class DeviceCache:
         if staged is None:
             staged = self._local.owners = {}
         return staged
+
+    @property
+    def _staged_host_ids(self) -> dict[str, int]:
+        staged: dict[str, int] | None = getattr(self._local, "host_ids", None)
+        if staged is None:
+            staged = self._local.host_ids = {}
+        return staged
+
+    def stage_host_ids(self, host_ids: dict[str, int]) -> None:
+        """Remember host ids the running transaction read, for ``commit``."""
+        self._staged_host_ids.update(host_ids)
 
     def stage_owners(self, owners: dict[str, str]) -> None:
         """Remember agent bindings the running transaction read or wrote, for ``commit``."""
@@ -132,6 +153,9 @@ class DeviceCache:
             if len(self.owners) + len(self._staged_owners) > self.MAX_JOBS:
                 self.owners = {}
             self.owners.update(self._staged_owners)
+            if len(self.host_ids) + len(self._staged_host_ids) > self.MAX_JOBS:
+                self.host_ids = {}
+            self.host_ids.update(self._staged_host_ids)
         self.rollback()
 
     def rollback(self) -> None:
@@ -139,6 +163,7 @@ class DeviceCache:
         self._local.staged = {}
         self._local.jobs = set()
         self._local.owners = {}
+        self._local.host_ids = {}
 
 
 def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
@@ -264,7 +289,7 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     # Imported here: repository imports this module.
     from wattwatch.storage import repository as repo
 
-    host_ids = _upsert_hosts(conn, items)
+    host_ids = _upsert_hosts(conn, items, cache)
     device_ids = _upsert_devices(conn, items, host_ids, cache)
     rollups = [rollup_intervals(item.batch.intervals) for item in items]
     # Each job's first interval start, for its row: the rollup has it (before the job records below move it).
@@ -335,7 +360,7 @@ def _merge_job_host(a: JobHostTotals, b: JobHostTotals) -> JobHostTotals:
     )
 
 
-def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
+def _upsert_hosts(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> dict[str, int]:
     latest: dict[str, tuple[str, float]] = {}
     # The grid region each host's agent sent last in this group (carbon_policy); a host whose batches send
     # none keeps the one stored (an older agent, or one started without --grid-region).
@@ -379,12 +404,19 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
         ],
         merge,
     )
-    result = conn.execute(stmt, params)
     if pg:
-        rows = result.all()
-    else:
-        rows = conn.execute(select(hosts.c.name, hosts.c.id).where(hosts.c.name.in_(sorted(latest)))).all()
-    return {str(name): int(host_id) for name, host_id in rows}
+        return {str(name): int(host_id) for name, host_id in conn.execute(stmt, params).all()}
+    execute_rows(conn, stmt, params)
+    cached = cache.host_ids if cache is not None else {}
+    out = {name: cached[name] for name in latest if name in cached}
+    missing = sorted(name for name in latest if name not in out)
+    if missing:
+        rows = conn.execute(select(hosts.c.name, hosts.c.id).where(hosts.c.name.in_(missing))).all()
+        read = {str(name): int(host_id) for name, host_id in rows}
+        if cache is not None:
+            cache.stage_host_ids(read)
+        out.update(read)
+    return out
 
 
 def _upsert_devices(

@@ -105,7 +105,7 @@ def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
         (BigInteger(), "int8", [0, 2**62, -5]),
         (Boolean(), "bool", [True, False]),
         (JSON(), "json", [{}, {"team": 'a"b', "k": "\\"}, None]),
-        (LargeBinary(), "bytea", [b"", b"\x00\\\"{},", bytes(range(256))]),
+        (LargeBinary(), "bytea", [b"", b'\x00\\"{},', bytes(range(256))]),
     ]
     engine = make_engine(pg_url)
     try:

@@ -225,3 +225,30 @@ def test_a_sealed_batch_leaves_out_the_agents_own_bad_records_alone(tmp_path: Pa
     assert seq == sealed.seq and sealed.intervals == good and [c.queries for c in sealed.query_counts] == [7]
     assert refusals.counts() == {"out_of_range": 2}
     assert push_all(bodies, db_engine, tmp_path) == [200]
+
+
+@pytest.mark.parametrize(
+    "job_id", ["train-1", "train-1\n", "ns/name:1@x", "a b", "x" * 200, "x" * 201, "\ntrain", "tr\nain", "é"]
+)
+def test_the_agent_takes_a_job_id_exactly_when_the_collector_would(job_id: str) -> None:
+    """A job id the agent starts is one the collector decodes: else every batch holding it is set aside."""
+    from wattwatch.agent.requests import parse_job_start, parse_span
+    from wattwatch.errors import ConfigError
+
+    try:
+        parse_job_start({"id": job_id}, [], None)
+        agent_takes = True
+    except ConfigError:
+        agent_takes = False
+    try:
+        parse_span({"job": job_id, "t_start_s": NOW - 2, "t_end_s": NOW - 1}, now_s=NOW)
+        span_takes = True
+    except limits.BoundError:
+        span_takes = False
+    job = {"id": job_id, "name": "n", "kind": "training", "started_at_s": NOW}
+    try:
+        msgspec.json.decode(json.dumps(job).encode(), type=wire.Job)
+        collector_takes = True
+    except msgspec.ValidationError:
+        collector_takes = False
+    assert agent_takes == span_takes == collector_takes

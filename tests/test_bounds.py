@@ -120,6 +120,7 @@ BAD_BATCHES: list[tuple[str, Callable[[Body], None], str]] = [
     ("a share's job id ending in a newline", _set("intervals.0.shares", {"train-1\n": 1.0}), "intervals[0].shares"),
     ("a flag ending in a newline", _set("intervals.0.flags", ["clamped\n"]), "intervals[0].flags[0]"),
     ("a grid region ending in a newline", _set("grid_region", "FR\n"), "grid_region"),
+    ("who ended a job, ending in a newline", _set("jobs.0.ended_by", "exit\n"), "jobs[0].ended_by"),
 ]
 
 

@@ -214,6 +214,9 @@ def test_wattwatch_server_is_where_a_plain_report_asks(
         assert len(json.loads(capsys.readouterr().out)["jobs"]) == len(ids(local))
         assert main(["report", "--db", empty, "--format", "json"]) == 0
         assert json.loads(capsys.readouterr().out)["jobs"] == []
+        monkeypatch.setenv("WATTWATCH_SERVER", url.replace("http://", "HTTP://"))  # schemes are case-blind
+        assert main(["report", "--format", "json"]) == 0
+        assert ids(json.loads(capsys.readouterr().out)) == ids(local)
     monkeypatch.setenv("WATTWATCH_SERVER", "collector:8470")
     capsys.readouterr()
     assert main(["report"]) == 2

@@ -4,6 +4,7 @@ parsed arguments and the same errors as the full parser, for every command and a
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,10 @@ def test_a_command_built_alone_is_the_same_parser(command: str) -> None:
         ["token", "create", "--role", "reader"],
         ["db", "upgrade", "--db", "sqlite:///x.db"],
         ["run", "--kind", "inference", "--name", "chat", "--", "sleep", "1"],
+        # argparse takes unique prefixes of options: `--hom X` is `--home X`, so X is not the command.
+        ["--hom", "/h", "report", "--db", "sqlite://"],
+        ["--log", "error", "jobs", "--format", "json"],
+        ["--home=/h", "top", "--once"],
     ],
     ids=lambda a: " ".join(a[:3]),
 )
@@ -66,3 +71,16 @@ def test_an_unknown_option_is_refused_alike(capsys: pytest.CaptureFixture[str]) 
         assert exit_info.value.code == 2
         errors.append(capsys.readouterr().err)
     assert errors[0] == errors[1] and "--no-such-option" in errors[0]
+
+
+def test_a_misread_command_word_falls_back_to_the_full_parser(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Whatever the command word looked like, main parses as the full parser does: `--hom X report`."""
+    from wattwatch.cli import main
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    assert main(["--hom", str(tmp_path / "home"), "db", "upgrade", "--db", url]) == 0
+    capsys.readouterr()
+    assert main(["--hom", str(tmp_path / "home"), "report", "--db", url, "--format", "json"]) == 0
+    assert capsys.readouterr().out.lstrip().startswith("{")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -17,9 +18,9 @@ Answer = Callable[[bytes], bytes]
 
 
 @contextmanager
-def serve(answer: Answer, *, connections: int = 1) -> Iterator[str]:
+def serve(answer: Answer, *, connections: int = 1, keep_open: bool = False) -> Iterator[str]:
     """A loopback server answering ``connections`` requests with ``answer(request head)``, then closing
-    each connection; yields its base URL."""
+    each connection (with ``keep_open``, only once the client has closed it); yields its base URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     seen: list[bytes] = []
@@ -36,6 +37,10 @@ def serve(answer: Answer, *, connections: int = 1) -> Iterator[str]:
                     head += data
                 seen.append(head)
                 conn.sendall(answer(head))
+                if keep_open:  # as a keep-alive server would: the client must see the answer is whole
+                    conn.settimeout(60)
+                    while conn.recv(4096):
+                        pass
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -75,6 +80,46 @@ def test_error_statuses_come_back_with_their_body() -> None:
     raw = b'HTTP/1.1 422 Unprocessable Entity\r\nContent-Length: 16\r\n\r\n{"error": "bad"}'
     with serve(fixed(raw)) as base:
         assert http_get.get(base + "/x", {}, timeout_s=10) == (422, b'{"error": "bad"}')
+
+
+def test_interim_answers_are_skipped() -> None:
+    raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    with serve(fixed(raw)) as base:
+        assert http_get.get(base + "/x", {}, timeout_s=10) == (200, b"{}")
+
+
+def test_bare_line_feeds_are_read() -> None:
+    with serve(fixed(b"HTTP/1.1 200 OK\nContent-Length: 2\n\n{}")) as base:
+        assert http_get.get(base + "/x", {}, timeout_s=10) == (200, b"{}")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"a": true}',
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nb\r\n{"a": true}\r\n0\r\n\r\n',
+    ],
+    ids=["content-length", "chunked"],
+)
+def test_a_server_keeping_the_connection_open_is_not_waited_for(raw: bytes) -> None:
+    """The answer is whole by its framing: read to there, not to the timeout (30 s)."""
+    with serve(fixed(raw), keep_open=True) as base:
+        t0 = time.monotonic()
+        assert http_get.get(base + "/x", {}, timeout_s=30) == (200, b'{"a": true}')
+        assert time.monotonic() - t0 < 15
+
+
+def test_the_host_header_never_carries_credentials() -> None:
+    heads: list[bytes] = []
+
+    def answer(head: bytes) -> bytes:
+        heads.append(head)
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+
+    with serve(answer) as base:
+        port = base.rsplit(":", 1)[1]
+        assert http_get.get(f"http://user:secret@127.0.0.1:{port}/x", {}, timeout_s=10) == (200, b"{}")
+    assert b"secret" not in heads[0] and f"Host: 127.0.0.1:{port}\r\n".encode() in heads[0]
 
 
 def test_redirects_are_followed() -> None:

@@ -7,9 +7,12 @@ import csv
 import io
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wattwatch import wire
 from wattwatch.cli import main
@@ -125,3 +128,122 @@ def test_a_fleets_idle_and_intensity_fold_for_people(fleet_db: str, capsys: pyte
         assert host_row[3] == "kJ"
     carbon = [line for line in lines if "g/kWh (" in line]
     assert carbon == [f"  {HOSTS} hosts (node0 ... node{HOSTS - 1}): 400 g/kWh (config default)"]
+
+
+# Ids that a natural-language collation orders differently from their bytes ("a-c" after "ab" in en-US).
+SAME_INSTANT_IDS = ["NULL", "Z", "a-c", "ab", "b", "a_c", "A", "a.c", "a/c", "ns/x:1@y"]
+
+
+@pytest.fixture
+def icu_pg_url() -> Iterator[str]:
+    """A scratch PostgreSQL database whose default collation is ICU en-US, migrated; dropped after."""
+    import os
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from conftest import PG_DEFAULT_URL, unavailable
+    from wattwatch.storage import migrate
+
+    base = os.environ.get("WATTWATCH_TEST_PG_URL", PG_DEFAULT_URL)
+    admin = create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    name = f"wattwatch_icu_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C.UTF-8' "
+                    "LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
+                )
+            )
+    except Exception as exc:
+        admin.dispose()
+        unavailable(f"no PostgreSQL with ICU collations: {str(exc).splitlines()[0]}")
+    url = make_url(base).set(database=name).render_as_string(hide_password=False)
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_pages_hold_every_job_once_whatever_the_collation(icu_pg_url: str) -> None:
+    """Jobs that started at the same instant are paged by their ids' bytes, as the cursor compares them:
+    walking one-job pages, with and without a name glob, meets each job once, on a database whose
+    collation orders "a-c" after "ab"."""
+    from wattwatch.storage.reads import build_report
+
+    engine = make_engine(icu_pg_url)
+    now_s = time.time()
+    t0_s = now_s - 3600
+    jobs = [
+        wire.Job(id=job_id, name=f"j-{job_id}", kind="training", started_at_s=t0_s, ended_at_s=t0_s + 10)
+        for job_id in SAME_INSTANT_IDS
+    ]
+    intervals = [
+        wire.Interval("gpu0", t0_s, t0_s + 10, 800.0, "counter", shares={j.id: 1.0 for j in jobs}),
+    ]
+    batch = wire.Batch(
+        seq=1, agent_id="a", host="h", devices=[wire.Device(key="gpu0", kind="gpu")], jobs=jobs, intervals=intervals
+    )
+    repository.ingest_batch(engine, batch, received_at_s=now_s)
+    try:
+        for name in (None, "j-*"):
+            seen: list[str] = []
+            cursor = None
+            for _ in range(len(SAME_INSTANT_IDS) + 2):
+                page = build_report(engine, since_s=now_s - 86400, limit=1, cursor=cursor, name=name, now_s=now_s)
+                assert page["jobs_matched"] == len(SAME_INSTANT_IDS)
+                seen += [j["id"] for j in page["jobs"]]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+            assert seen == sorted(SAME_INSTANT_IDS), name  # each once, in Python's (code point) order
+    finally:
+        engine.dispose()
+
+
+def test_the_idle_share_is_of_every_matching_job_on_any_page(fleet_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """On the first of several pages, idle energy is the window's, so its share is of all matching jobs'
+    energy (the collector sums them: matched_energy_j), as on one page holding them all; later pages,
+    which carry no idle energy, print no share."""
+    whole = run_json(fleet_db, capsys, "--limit", str(JOBS))
+    first = run_json(fleet_db, capsys, "--limit", "10")
+    assert whole["matched_energy_j"] is None and first["next_cursor"]
+    assert first["matched_energy_j"] == pytest.approx(sum(j["energy_j"] for j in whole["jobs"]), rel=1e-9)
+    assert first["totals"]["idle_share"] == pytest.approx(whole["totals"]["idle_share"], rel=1e-9)
+    assert 0.0 < whole["totals"]["idle_share"] < 1.0
+    runs = {
+        "one page": ["--limit", str(JOBS)],
+        "first of several": ["--limit", "10"],
+        "second": ["--limit", "10", "--cursor", first["next_cursor"]],
+    }
+    lines = {}
+    for what, args in runs.items():
+        capsys.readouterr()
+        assert main(["report", "--db", fleet_db, *args]) == 0
+        lines[what] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Idle:")]
+    share = f"{whole['totals']['idle_share'] * 100:.1f} %"
+    assert len(lines["one page"]) == 1 and share in lines["one page"][0]
+    assert len(lines["first of several"]) == 1 and share in lines["first of several"][0]
+    assert f"all {JOBS} matching jobs" in lines["first of several"][0]
+    assert lines["second"] == []
+    # The same through a name glob (matched outside SQL).
+    globbed = run_json(fleet_db, capsys, "--name", "train-1*", "--limit", str(JOBS))
+    page = run_json(fleet_db, capsys, "--name", "train-1*", "--limit", "3")
+    assert page["matched_energy_j"] == pytest.approx(sum(j["energy_j"] for j in globbed["jobs"]), rel=1e-9)
+
+
+@given(st.floats(min_value=1e-12, max_value=1e15))
+def test_figures_never_print_an_exponent(value: float) -> None:
+    """Three significant digits (a whole number from 1000 up), and never the 1.66e+03 people misread."""
+    from wattwatch.report import figure, format_energy, format_grams
+
+    text = figure(value)
+    assert "e" not in text and "inf" not in text
+    assert float(text) == pytest.approx(value, rel=5e-3, abs=0.5 if value >= 999.5 else 0.0)
+    assert "e+" not in format_energy(value) and "e-" not in format_energy(value)
+    assert "e+" not in format_grams(value) and "e-" not in format_grams(value)

@@ -6,6 +6,7 @@ start and its summary at exit (energy, duration, average power). Piped, ``top --
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -111,3 +112,14 @@ def test_top_says_in_one_line_when_no_collector_answers(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert out.stderr.startswith("wattwatch top: error: collector at http://127.0.0.1:9 unreachable")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_top_watches_the_collector_wattwatch_server_names(tmp_path: Path) -> None:
+    """WATTWATCH_SERVER, set once for reports of a cluster, is where `top` looks too (before the local
+    agent's collector): here an address where nothing answers, named in the one-line error."""
+    env = {**os.environ, "WATTWATCH_SERVER": "http://127.0.0.1:9"}
+    out = subprocess.run(
+        [*WATTWATCH, "--home", str(tmp_path), "top", "--once"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1
+    assert out.stderr.startswith("wattwatch top: error: collector at http://127.0.0.1:9 unreachable"), out.stderr

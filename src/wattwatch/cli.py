@@ -484,8 +484,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     from wattwatch.quick_exit import command_of
 
-    parser = build_parser(only=command_of(argv))
+    only = command_of(argv)
+    parser = build_parser(only=only)
     args = parser.parse_args(argv)
+    if args.command != only:  # the command word was misread: the full parser decides, as it always did
+        parser = build_parser()
+        args = parser.parse_args(argv)
     # As typed: the collector's supervisor starts its workers with the same arguments.
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command is None:

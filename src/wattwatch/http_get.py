@@ -65,7 +65,10 @@ def _get_once(
     https = parts.scheme == "https"
     port = parts.port or (443 if https else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}", "Accept: application/json", "Connection: close"]
+    # Host from the name and port alone: never the URL's user:password part.
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    host += f":{parts.port}" if parts.port else ""
+    lines = [f"GET {target} HTTP/1.1", f"Host: {host}", "Accept: application/json", "Connection: close"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     sock = socket.create_connection((parts.hostname, port), timeout=_left(deadline))
@@ -75,17 +78,22 @@ def _get_once(
 
             sock = (context or ssl.create_default_context()).wrap_socket(sock, server_hostname=parts.hostname)
         sock.sendall(request)
-        # Connection: close, so the answer ends where the stream does.
-        chunks = []
+        raw = bytearray()
+        framing: tuple[str, int, int] | None = None  # (how the answer ends, its length, where its body starts)
         while True:
             sock.settimeout(_left(deadline))
             data = sock.recv(1 << 16)
             if not data:
                 break
-            chunks.append(data)
+            raw += data
+            # Asked to close, a server ends the stream after its answer; one that keeps it open is done
+            # when the answer is whole by its own framing (its Content-Length, or the last chunk).
+            framing = framing or _framing(bytes(raw))
+            if framing is not None and _whole(raw, framing):
+                break
     finally:
         sock.close()
-    return _parse(b"".join(chunks))
+    return _parse(bytes(raw))
 
 
 def _left(deadline: float) -> float:
@@ -95,20 +103,77 @@ def _left(deadline: float) -> float:
     return left
 
 
-def _parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers (lower-case names) and body of one whole HTTP/1.x response."""
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        raise HttpError("the answer ended before its headers did")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    proto, _, rest = status_line.partition(" ")
-    code = rest[:3]
-    if not proto.startswith("HTTP/1.") or not code.isdigit():
-        raise HttpError(f"not an HTTP answer: {status_line[:80]!r}")
+def _split_head(raw: bytes) -> tuple[bytes, bytes] | None:
+    """(head, rest) of a response, the head ended by a blank line (CRLF or, from lax servers, bare LF)."""
+    for sep in (b"\r\n\r\n", b"\n\n"):
+        head, found, rest = raw.partition(sep)
+        if found:
+            return head, rest
+    return None
+
+
+def _final(raw: bytes) -> tuple[str, list[str], bytes] | None:
+    """The final response's status line, header lines and body so far, past any 1xx interim answers."""
+    while True:
+        split = _split_head(raw)
+        if split is None:
+            return None
+        head, rest = split
+        status_line, *header_lines = [line.rstrip("\r") for line in head.decode("latin-1").split("\n")]
+        code = status_line.partition(" ")[2][:3]
+        if not (code.isdigit() and 100 <= int(code) < 200):
+            return status_line, header_lines, rest
+        raw = rest  # 100 Continue and the like: the real answer follows
+
+
+def _fields(header_lines: list[str]) -> dict[str, str]:
     fields: dict[str, str] = {}
     for line in header_lines:
         name, _, value = line.partition(":")
         fields[name.strip().lower()] = value.strip()
+    return fields
+
+
+def _framing(raw: bytes) -> tuple[str, int, int] | None:
+    """How the final answer in ``raw`` ends: ("length", n, body start), ("chunked", 0, body start) or
+    ("close", 0, body start); None until its head is in."""
+    final = _final(raw)
+    if final is None:
+        return None
+    _, header_lines, body = final
+    fields = _fields(header_lines)
+    start = len(raw) - len(body)
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        return "chunked", 0, start
+    length = fields.get("content-length", "")
+    return ("length", int(length), start) if length.isdigit() else ("close", 0, start)
+
+
+def _whole(raw: bytearray, framing: tuple[str, int, int]) -> bool:
+    """Whether ``raw`` holds the whole answer by its framing (never for one that ends with the stream)."""
+    how, length, start = framing
+    if how == "length":
+        return len(raw) - start >= length
+    if how == "chunked" and raw.endswith(b"0\r\n\r\n"):
+        try:
+            _dechunk(bytes(raw[start:]))
+        except HttpError:
+            return False
+        return True
+    return False
+
+
+def _parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (lower-case names) and body of one whole HTTP/1.x response."""
+    final = _final(raw)
+    if final is None:
+        raise HttpError("the answer ended before its headers did")
+    status_line, header_lines, body = final
+    proto, _, rest = status_line.partition(" ")
+    code = rest[:3]
+    if not proto.startswith("HTTP/1.") or not code.isdigit():
+        raise HttpError(f"not an HTTP answer: {status_line[:80]!r}")
+    fields = _fields(header_lines)
     if "chunked" in fields.get("transfer-encoding", "").lower():
         body = _dechunk(body)
     elif "content-length" in fields:
@@ -126,7 +191,10 @@ def _dechunk(data: bytes) -> bytes:
         end = data.find(b"\r\n", pos)
         if end < 0:
             raise HttpError("the answer was cut off (chunked)")
-        size = int(data[pos:end].split(b";")[0], 16)
+        try:
+            size = int(data[pos:end].split(b";")[0], 16)
+        except ValueError:
+            raise HttpError("a chunk size that is not a number") from None
         if size == 0:
             return b"".join(out)
         start = end + 2

@@ -127,7 +127,7 @@ def show(job: Mapping[str, Any], report: Mapping[str, Any], fmt: str, *, width: 
 
 def _facts(job: Mapping[str, Any], report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(what, value) lines of a job's summary."""
-    from wattwatch.report import cell, format_duration, format_energy
+    from wattwatch.report import cell, figure, format_duration, format_energy
 
     carbon = report.get("carbon") or {}
     currency = carbon.get("currency") or ""
@@ -152,7 +152,7 @@ def _facts(job: Mapping[str, Any], report: Mapping[str, Any]) -> list[tuple[str,
         ),
     ]
     if job.get("cost") is not None:
-        facts.append(("cost", f"{job['cost']:.3g} {currency}".rstrip()))
+        facts.append(("cost", f"{figure(job['cost'])} {currency}".rstrip()))
     if job.get("labels"):
         facts.append(("labels", ", ".join(f"{k}={v}" for k, v in sorted(job["labels"].items()))))
     if job.get("queries"):
@@ -171,14 +171,14 @@ def _facts(job: Mapping[str, Any], report: Mapping[str, Any]) -> list[tuple[str,
 
 def _sections(job: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of a job's hosts, devices and phases (a section without rows is left out)."""
-    from wattwatch.report import format_duration, format_energy
+    from wattwatch.report import figure, format_duration, format_energy
 
     hosts = [
         [
             str(h["host"]),
             format_energy(h.get("energy_j")),
             f"{h.get('peak_power_w') or 0:.0f}",
-            f"{h.get('emissions_g') or 0:.3g}",
+            f"{figure(h.get('emissions_g') or 0.0)}",
             f"{h.get('grid_intensity_g_per_kwh') or 0:.4g}",
         ]
         for h in job.get("per_host") or []

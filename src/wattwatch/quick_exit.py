@@ -27,11 +27,17 @@ def command_of(argv: Sequence[str]) -> str | None:
     for word in argv:
         if skip:
             skip = False
-        elif word in _VALUED_GLOBALS:
+        elif _takes_value(word):
             skip = True
         elif not word.startswith("-"):
             return word
     return None
+
+
+def _takes_value(word: str) -> bool:
+    """Whether ``word`` is a global option whose value is the next word: ``--home``, or any prefix argparse
+    takes for it (``--hom``, ``--log``); ``--home=X`` carries its own."""
+    return len(word) > 2 and "=" not in word and any(g.startswith(word) for g in _VALUED_GLOBALS)
 
 
 def finish(code: int, argv: Sequence[str]) -> int:

@@ -152,28 +152,33 @@ def format_energy(energy_j: float | None) -> str:
     if energy_j is None:
         return "-"
     if energy_j >= 3.6e9:
-        return f"{_figure(energy_j / 3.6e9)} MWh"
+        return f"{figure(energy_j / 3.6e9)} MWh"
     if energy_j >= 3.6e6:
-        return f"{_figure(energy_j / 3.6e6)} kWh"
+        return f"{figure(energy_j / 3.6e6)} kWh"
     if energy_j >= 1e4:
-        return f"{_figure(energy_j / 1e3)} kJ"
+        return f"{figure(energy_j / 1e3)} kJ"
     if energy_j >= 10:
         return f"{energy_j:.0f} J"
-    return f"{energy_j:.3g} J"
+    return f"{figure(energy_j)} J"
 
 
-def _figure(value: float) -> str:
-    """Three significant digits, or a whole number once that would need an exponent (1660, not 1.66e+03)."""
-    return f"{value:.3g}" if value < 999.5 else f"{value:.0f}"
+def figure(value: float) -> str:
+    """Three significant digits without an exponent: ``0.0000278``, ``1.25``, ``1660`` (not 1.66e+03)."""
+    if abs(value) >= 999.5:
+        return f"{value:.0f}"
+    text = f"{value:.3g}"
+    if "e" in text:  # tiny: as many decimals as three significant digits need
+        text = f"{value:.{min(2 - math.floor(math.log10(abs(value))), 15)}f}"
+    return text
 
 
 def format_grams(grams: float) -> str:
     """CO2e in a readable unit: ``140 g``, ``1.06 kg``, ``3.2 t``."""
     if grams >= 1e6:
-        return f"{_figure(grams / 1e6)} t"
+        return f"{figure(grams / 1e6)} t"
     if grams >= 1e3:
         return f"{grams / 1e3:.3g} kg"
-    return f"{grams:.3g} g"
+    return f"{figure(grams)} g"
 
 
 def format_duration(duration_s: float | None) -> str:
@@ -208,7 +213,7 @@ def cell(job: Mapping[str, Any], key: str, notes: Mapping[str, int] | None = Non
     if key.endswith("power_w"):
         return "-" if value is None else f"{value:.0f}"
     if key in ("emissions_g", "cost"):
-        return "-" if value is None else _figure(float(value))
+        return "-" if value is None else figure(float(value))
     if key == "sources":
         return ",".join(value or [])
     return "-" if value is None else str(value)
@@ -284,11 +289,19 @@ def idle_share_line(report: Mapping[str, Any]) -> str:
     if not totals.get("measured_energy_j"):
         return ""
     share = totals.get("idle_share") or 0.0
-    phases = totals.get("setup_energy_j", 0.0) + totals.get("after_energy_j", 0.0)
-    held = "jobs" + (" with setup and after" if phases else "")
+    if totals.get("matched_energy_j") is not None:
+        # One page of several: the share is of every matching job (the collector summed them all).
+        held = f"all {report.get('jobs_matched')} matching jobs with their phases"
+        jobs_j = float(totals["matched_energy_j"])
+    elif len(report.get("jobs") or []) < (report.get("jobs_matched") or 0) and not report.get("idle"):
+        return ""  # a later page: the idle energy and its share are on the first one
+    else:
+        phases = totals.get("setup_energy_j", 0.0) + totals.get("after_energy_j", 0.0)
+        held = "jobs" + (" with setup and after" if phases else "")
+        jobs_j = totals["energy_j"] + phases
     return (
         f"Idle: {format_energy(totals['idle_energy_j'])}, {share * 100:.1f} % of the "
-        f"{format_energy(totals['measured_energy_j'])} measured ({held} {format_energy(totals['energy_j'] + phases)}"
+        f"{format_energy(totals['measured_energy_j'])} measured ({held} {format_energy(jobs_j)}"
         " + idle in the window's whole hours)."
     )
 
@@ -425,12 +438,12 @@ def carbon_lines(report: Mapping[str, Any]) -> list[str]:
     for h in hosts:
         same.setdefault((float(h["g_per_kwh"]), str(h["source"])), []).append(str(h["host"]))
     for (g_per_kwh, source), names in same.items():
-        lines.append(f"  {_host_list(names)}: {g_per_kwh:.4g} g/kWh ({source})")
+        lines.append(f"  {_host_list(sorted(names))}: {g_per_kwh:.4g} g/kWh ({source})")
     kinds = carbon.get("by_kind") or []
     if kinds:
 
         def money(value: float | None) -> str:
-            return f", {value:.3g} {currency}" if value is not None else ""
+            return f", {figure(value)} {currency}" if value is not None else ""
 
         parts = [f"{k['kind']} {format_grams(k['emissions_g'])}{money(k.get('cost'))}" for k in kinds]
         total = f"total {format_grams(carbon['emissions_g'])}{money(carbon.get('cost'))}"

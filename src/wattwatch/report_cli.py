@@ -64,7 +64,7 @@ def fetch(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         raise UsageError(f"--since {args.since} is not before --until {args.until}; swap them or widen the window")
     labels = parse_labels(args.label)
     server = args.server or ("" if args.db else settings.report_server)
-    if server and not server.startswith(("http://", "https://")):
+    if server and not server.lower().startswith(("http://", "https://")):
         raise UsageError(f"--server / WATTWATCH_SERVER {server!r} is not a URL; use e.g. http://collector:8470")
     if server:
         params: dict[str, Any] = {
@@ -192,7 +192,7 @@ def get_json(
     if params:
         url += "?" + urllib.parse.urlencode(params, doseq=True)
     context = None
-    if url.startswith("https:"):
+    if url.lower().startswith("https:"):
         from wattwatch.tls import client_verify
 
         verify = client_verify(settings.ca_file)

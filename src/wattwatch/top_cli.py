@@ -53,8 +53,9 @@ def run(args: argparse.Namespace, settings: Settings, out: TextIO | None = None)
     out = out or sys.stdout
     if not 0.2 <= args.interval <= 3600:
         raise UsageError(f"--interval {args.interval:g} is out of range; use 0.2 to 3600 seconds")
-    server = args.server or _agent_collector(settings) or settings.collector_url
-    if not server.startswith(("http://", "https://")):
+    # WATTWATCH_SERVER, set for reports of a cluster, names the collector to watch too.
+    server = args.server or settings.report_server or _agent_collector(settings) or settings.collector_url
+    if not server.lower().startswith(("http://", "https://")):
         raise UsageError(f"--server {server!r} is not a URL; use e.g. http://collector:8470")
     fetch = _fetcher(server, settings)
     live = fetch()  # the first answer decides: a collector that is not there is an error, not an empty view

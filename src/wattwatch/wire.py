@@ -113,7 +113,7 @@ class Interval(msgspec.Struct, forbid_unknown_fields=True, gc=False):
             raise ValueError("@energy_j: must be finite")
 
 
-EndedBy = Annotated[str, msgspec.Meta(min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$")]
+EndedBy = Annotated[str, msgspec.Meta(min_length=1, max_length=40, pattern=r"^[a-z0-9-]+(?!\n)$")]
 
 
 class Job(msgspec.Struct, forbid_unknown_fields=True):

@@ -39,7 +39,7 @@ def parse_job_start(
     starts with the others.
     """
     job_id = str(msg.get("id") or uuid.uuid4().hex)
-    if not JOB_ID.match(job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise ConfigError(f"job id {job_id!r} may only contain letters, digits and _.:@/- (max 200)")
     name = fit_text(str(msg.get("name") or job_id)) or job_id
     kind = as_kind(msg.get("kind") or "other")
@@ -47,7 +47,7 @@ def parse_job_start(
     if not isinstance(labels, dict):
         raise ConfigError("labels must be an object of strings")
     via = str(msg.get("via") or "sdk")
-    if not _VIA.match(via):
+    if not _VIA.fullmatch(via):
         raise ConfigError(f"via {via!r} must be a short lowercase word such as sdk or run")
     pid = msg.get("pid")
     cvd = msg.get("cuda_visible_devices")
@@ -87,7 +87,7 @@ def parse_span(msg: Mapping[str, Any], default_job: str | None = None, *, now_s:
     ``limits.BoundError`` naming the field and the reason, so a span the collector would refuse never
     reaches a batch (where it would cost the whole batch)."""
     job_id = msg.get("job") or default_job or ""
-    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
         raise BoundError("job", f"a span needs a valid job id, got {job_id!r}", REASON_MALFORMED)
     kind = msg.get("kind") or "query"
     if kind not in SPAN_KINDS:

@@ -95,7 +95,7 @@ def parse_target(spec: str) -> ScrapeTarget:
         names("tokens_out", base.tokens_out if base else ()),
     )
     job = options.get("job")
-    if job is not None and not JOB_ID.match(job):
+    if job is not None and not JOB_ID.fullmatch(job):
         raise ConfigError(f"scrape target {spec!r}: job id {job!r} may only contain letters, digits and _.:@/-")
     return ScrapeTarget(url=parts._replace(fragment="").geturl(), counters=counters, preset=preset, job=job)
 

@@ -63,7 +63,7 @@ def metric_label_names(spec: str) -> tuple[tuple[str, str], ...]:
         name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
         if name[0].isdigit():
             name = f"_{name}"
-        if name in _RESERVED or name.startswith("__") or not _LABEL_NAME.match(name):
+        if name in _RESERVED or name.startswith("__") or not _LABEL_NAME.fullmatch(name):
             raise ConfigError(
                 f"--metric-labels: job label {key!r} would become metric label {name!r}, which wattwatch or "
                 f"Prometheus already uses; pick other labels (reserved: {', '.join(sorted(_RESERVED))})"

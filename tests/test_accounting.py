@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -260,3 +261,69 @@ def test_power_now_sums_each_devices_latest_second_when_reads_do_not_line_up() -
     jh = out.job_host["job"]
     assert jh.recent_power_w == pytest.approx(600.0 + 100.0 / 1000.0)
     assert jh.recent_at_s == 3.3
+
+
+def _rollup_by_dicts(ivs: list[IntervalIn]) -> dict[str, object]:
+    """The rollup's windows, ticks and spans the plain way: a dict entry per key, parts added in arrival
+    order (what rollup_intervals' runs of consecutive parts must equal, whatever the order)."""
+    dev_w: dict[tuple[str, str, int], list[float]] = {}
+    host_w: dict[tuple[str, int], list[float]] = {}
+    ticks: dict[tuple[str, float, float], float] = {}
+    span: dict[str, tuple[float, float]] = {}
+    for iv in ivs:
+        jobs_j, _ = split_interval(iv.energy_j, iv.shares, iv.idle_weight)
+        for job, part_j in jobs_j.items():
+            b = math.floor(iv.t_start_s)
+            for w in (
+                dev_w.setdefault((job, iv.device, b), [0.0, math.inf, -math.inf]),
+                host_w.setdefault((job, b), [0.0, math.inf, -math.inf]),
+            ):
+                w[0] += part_j
+                w[1], w[2] = min(w[1], iv.t_start_s), max(w[2], iv.t_end_s)
+            ticks[(job, iv.t_start_s, iv.t_end_s)] = ticks.get((job, iv.t_start_s, iv.t_end_s), 0.0) + part_j
+            first, last = span.get(job, (math.inf, -math.inf))
+            span[job] = (min(first, iv.t_start_s), max(last, iv.t_end_s))
+
+    def peak(windows: dict[Any, list[float]], key: Any) -> float:
+        powers = [w[0] / (w[2] - w[1]) for k, w in windows.items() if k[:-1] == key and w[2] - w[1] >= 0.5]
+        return max([0.0, *powers])
+
+    return {
+        "ticks": ticks,
+        "device_peaks": {(j, d): peak(dev_w, (j, d)) for (j, d, _) in dev_w},
+        "host_peaks": {j: peak(host_w, (j,)) for (j, _) in host_w},
+        "spans": span,
+    }
+
+
+@given(st.randoms(use_true_random=False), st.sampled_from(["ticks", "devices", "shuffled"]))
+def test_rollup_runs_equal_plain_sums_in_any_order(rng: Any, order: str) -> None:
+    """The rollup sums each window and tick as a run of consecutive parts; parts that come back to a window
+    or tick seen before (batches in device order, or shuffled) are added up by key instead: the same
+    totals to the bit either way."""
+    ivs = []
+    for i in range(rng.randint(1, 12)):
+        for dev in ("gpu0", "gpu1", "cpu0"):
+            t0 = 3599.0 + i * rng.choice([0.25, 1.0, 2.0]) + (0.3 if dev == "cpu0" else 0.0)
+            shares = rng.choice([{}, {"a": 1.0}, {"b": 2.0}, {"a": 1.0, "b": 0.5}, {"a": 0.0, "b": 1.0}])
+            ivs.append(
+                IntervalIn(
+                    dev,
+                    t0,
+                    t0 + rng.choice([0.0, 0.25, 1.0]),
+                    rng.uniform(0, 700),
+                    "counter",
+                    shares,
+                    rng.choice([0.0, 1.0]),
+                )
+            )
+    if order == "devices":
+        ivs.sort(key=lambda iv: iv.device)
+    elif order == "shuffled":
+        rng.shuffle(ivs)
+    out = rollup_intervals(ivs)
+    want = _rollup_by_dicts(ivs)
+    assert out.job_ticks_j == want["ticks"]
+    assert {k: t.max_power_w for k, t in out.job_device.items()} == want["device_peaks"]
+    assert {j: t.peak_power_w for j, t in out.job_host.items()} == want["host_peaks"]
+    assert {j: (t.first_s, t.last_s) for j, t in out.job_host.items()} == want["spans"]

@@ -140,3 +140,17 @@ def test_query_energy_live_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     header = ("intervals", "queries", "p50 J/query", "p95 J/query", "per-query error, median")
     check_table(table, (*header, "per-query error, p95", "sum"), 1)
     assert table[1][0] == "fine tick 0.1 s" and int(table[1][1]) > 0
+
+
+def test_ingest_cpu_prints_cpu_per_interval_through_the_real_route(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/ingest_cpu.py: every batch goes through the app's ingest route and is stored (the run
+    asserts each answer is a 200); the table holds a finite CPU figure per run."""
+    import ingest_cpu
+
+    assert ingest_cpu.main(["--batches", "16", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "`python benchmarks/ingest_cpu.py --batches 16 --repeat 1`"
+    (found,) = tables(out)
+    row = dict(zip(found[0], found[1], strict=True))
+    assert row["intervals"] == str(16 * 300) and int(row["groups"]) >= 1
+    assert 0 < float(row["CPU µs/interval"]) < 10_000

@@ -91,7 +91,7 @@ def test_encoding_round_trip_and_unknown_format() -> None:
 def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
     """``dialect.pg_array`` (the upserts' parameters) against PostgreSQL's own parser: awkward strings, NULLs,
     floats that must round-trip to the bit, booleans."""
-    from sqlalchemy import JSON, BigInteger, Boolean, Float, String
+    from sqlalchemy import JSON, BigInteger, Boolean, Float, LargeBinary, String
 
     from wattwatch.storage.dialect import pg_array
     from wattwatch.storage.engine import make_engine
@@ -105,6 +105,7 @@ def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
         (BigInteger(), "int8", [0, 2**62, -5]),
         (Boolean(), "bool", [True, False]),
         (JSON(), "json", [{}, {"team": 'a"b', "k": "\\"}, None]),
+        (LargeBinary(), "bytea", [b"", b'\x00\\"{},', bytes(range(256))]),
     ]
     engine = make_engine(pg_url)
     try:

@@ -188,8 +188,21 @@ def check_job_times(job: wire.Job, now_s: float, window: TimeWindow, prefix: str
         window.check(f"{prefix}ended_at_s", job.ended_at_s, now_s)
 
 
+_START = operator.attrgetter("t_start_s")
+_END = operator.attrgetter("t_end_s")
+
+
 def check_span_times(spans: Any, now_s: float, window: TimeWindow, prefix: str = "queries") -> None:
     """Every span (anything with ``t_start_s`` and ``t_end_s``) of ``spans`` lies in the window."""
+    if spans:
+        # The usual case, all in the window, told by the extremes (min and max run in C: a Python loop over
+        # every span was a twentieth of the collector's CPU per stored interval); the same comparisons as
+        # ``TimeWindow.check``. Otherwise the loop below names the first span out of the window.
+        low_s, high_s = now_s - window.past_s, now_s + window.future_s
+        starts, ends = list(map(_START, spans)), list(map(_END, spans))
+        # (A NaN makes a comparison false: the loop then decides, as before.)
+        if low_s <= min(starts) and max(starts) <= high_s and low_s <= min(ends) and max(ends) <= high_s:
+            return
     for i, span in enumerate(spans):
         _check_range(f"{prefix}[{i}].", span.t_start_s, span.t_end_s, now_s, window)
 

@@ -27,6 +27,7 @@ from wattwatch.collector.auth import DEFAULT_REFRESH_S, Authenticator
 from wattwatch.collector.bodies import OPENAPI_BODIES
 from wattwatch.collector.errors import ApiError, InternalErrorMiddleware
 from wattwatch.collector.group_commit import GroupCommitter
+from wattwatch.collector.ingest import IngestFastPath, IngestHandler
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.retention_scheduler import RetentionScheduler
@@ -55,6 +56,7 @@ def create_app(
     auth_required: bool = False,
     token_refresh_s: float = DEFAULT_REFRESH_S,
     periodic: bool = True,
+    fast_ingest: bool = True,
 ) -> FastAPI:
     """The collector app for ``settings``; stores into ``engine`` (default: one for ``settings.resolved_db_url``).
 
@@ -70,6 +72,8 @@ def create_app(
     Identity (``collector.auth``): ``settings.token`` is a static admin token, ``local_token`` the
     in-process agent's of ``wattwatch up``; ``auth_required`` demands a token even while none exists (a
     collector listening beyond loopback); the database's tokens are re-read every ``token_refresh_s``.
+
+    ``fast_ingest=False`` leaves ``POST /api/v1/ingest`` to the FastAPI route (tests compare the two).
 
     ``periodic=False`` runs no periodic pass (span energy, silent hosts, retention): the other worker processes
     of ``wattwatch collector --workers N`` leave them to worker 0.
@@ -130,8 +134,13 @@ def create_app(
     app.state.silent_hosts = silent_hosts
     app.state.retention = retention
     app.state.auth = auth
-    app.include_router(build_router(ctx, auth))
+    ingest = IngestHandler(ctx, auth)
+    app.include_router(build_router(ctx, auth, ingest))
     _install_error_handlers(app, db)
+    # Agent batches skip FastAPI's routing and dependency injection (collector.ingest); inside
+    # InternalErrorMiddleware, so an exception no handler takes is answered the same JSON 500.
+    if fast_ingest:
+        app.add_middleware(IngestFastPath, handler=ingest, handlers=lambda: app.exception_handlers)
     app.add_middleware(InternalErrorMiddleware)
     contract.install(app, OPENAPI_BODIES)
     _serve_docs(app, auth)

@@ -13,11 +13,13 @@ failures between collectors retry the group first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -38,7 +40,9 @@ RETRIES = 3
 @dataclass
 class _Request:
     pending: Pending
-    future: Future[IngestResult] = field(default_factory=Future)
+    future: Future[IngestResult] | None = None
+    # Instead of the future: called on the writer thread with the outcome (an IngestResult or the exception).
+    answer: Callable[[IngestResult | Exception], None] | None = None
 
 
 class GroupCommitter:
@@ -64,13 +68,31 @@ class GroupCommitter:
 
     def submit_future(self, pending: Pending) -> Future[IngestResult]:
         """Queue a batch; the future holds its IngestResult or what refused it."""
-        request = _Request(pending)
+        future: Future[IngestResult] = Future()
+        self._queue_request(_Request(pending, future=future))
+        return future
+
+    async def store(self, pending: Pending) -> IngestResult:
+        """Queue a batch and wait for it in the running event loop; raise what refused it.
+
+        The writer hands the outcome to the loop with one ``call_soon_threadsafe``: waiting on a
+        concurrent.futures.Future through asyncio.wrap_future chained two futures and several callbacks
+        per batch (a few percent of the collector's CPU under load)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[IngestResult] = loop.create_future()
+
+        def answer(outcome: IngestResult | Exception) -> None:
+            loop.call_soon_threadsafe(_settle, waiter, outcome)
+
+        self._queue_request(_Request(pending, answer=answer))
+        return await waiter
+
+    def _queue_request(self, request: _Request) -> None:
         with self._cond:
             if not self._threads:
                 self._start()
             self._queue.append(request)
             self._cond.notify()
-        return request.future
 
     def stop(self) -> None:
         """Finish what is queued, then stop the writer threads (a later ``submit`` starts them again)."""
@@ -112,10 +134,16 @@ class GroupCommitter:
             except BaseException as exc:  # never leave a request waiting
                 outcomes = [exc if isinstance(exc, Exception) else RuntimeError(str(exc))] * len(group)
             for request, outcome in zip(group, outcomes, strict=True):
-                if isinstance(outcome, Exception):
-                    request.future.set_exception(outcome)
-                else:
-                    request.future.set_result(outcome)
+                if request.answer is not None:
+                    try:
+                        request.answer(outcome)
+                    except RuntimeError:  # its event loop is closed: nobody waits any more
+                        log.debug("an answer's event loop is closed")
+                elif request.future is not None:
+                    if isinstance(outcome, Exception):
+                        request.future.set_exception(outcome)
+                    else:
+                        request.future.set_result(outcome)
 
     def store_group(self, group: list[Pending]) -> list[Outcome | Exception]:
         """Store ``group`` in one transaction; when that fails, each batch alone. One outcome per batch: an
@@ -140,3 +168,13 @@ class GroupCommitter:
             return [exc]
         log.warning("a group of %d batches failed (%s); storing each alone", len(group), exc)
         return [self.store_group([pending])[0] for pending in group]
+
+
+def _settle(waiter: asyncio.Future[IngestResult], outcome: IngestResult | Exception) -> None:
+    """In the waiter's event loop: its result or exception (unless the request was cancelled meanwhile)."""
+    if waiter.done():
+        return
+    if isinstance(outcome, Exception):
+        waiter.set_exception(outcome)
+    else:
+        waiter.set_result(outcome)

@@ -7,41 +7,33 @@ msgspec (``wattwatch.wire``), which names the offending field of a bad body.
 
 from __future__ import annotations
 
-import asyncio
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-import msgspec
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
-from starlette.concurrency import run_in_threadpool
 
-from wattwatch import carbon_policy, grid, limits, wire
+from wattwatch import carbon_policy, limits, wire
 from wattwatch.collector import contract
 from wattwatch.collector.auth import Authenticator, Principal
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
 from wattwatch.collector.errors import ApiError
 from wattwatch.collector.group_commit import GroupCommitter
+from wattwatch.collector.ingest import MAX_BATCH_BYTES, IngestHandler, conflict, gunzip
 from wattwatch.collector.metrics import IngestMetrics
 from wattwatch.collector.span_scheduler import SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
 from wattwatch.storage import repository
 from wattwatch.storage.engine import check_schema
-from wattwatch.storage.group_ingest import Pending
 from wattwatch.storage.job_refs import AmbiguousJob
 from wattwatch.storage.reads import resolve_job
 from wattwatch.units import JOB_KINDS, iso_utc, parse_time_s
 
 T = TypeVar("T")
-# Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
-MAX_BATCH_BYTES = 64 << 20
-# Bodies up to this size are decoded in the event loop (about 1,500 intervals, a few ms).
-INLINE_BATCH_BYTES = 256 << 10
 JobId = contract.JobId
 # Job ids may hold "/" (a wire Key: agents name Kubernetes jobs "ns/name"), so routes take the id as a
 # ``path``: /api/v1/jobs/ns/name/end ends job "ns/name". The document still says ``{job_id}``.
@@ -83,17 +75,8 @@ def _decode(body: bytes, typ: type[T]) -> T:
 
 
 def _gunzip(body: bytes, limit_bytes: int) -> bytes:
-    """Gunzip with a ceiling: a few kilobytes of gzip can expand to gigabytes (a "zip bomb")."""
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit_bytes)
-    except zlib.error as exc:
-        raise wire.WireError("body", f"Content-Encoding is gzip but the body is not valid gzip: {exc}") from None
-    if inflater.unconsumed_tail:
-        raise ApiError(413, f"batch is over {limit_bytes >> 20} MiB uncompressed; push smaller batches", "body")
-    if not inflater.eof:
-        raise wire.WireError("body", "Content-Encoding is gzip but the body is truncated")
-    return out
+    """Gunzip with a ceiling (``ingest.gunzip``)."""
+    return gunzip(body, limit_bytes)
 
 
 def _since_s(ctx: Context, since: str | None, field: str = "since") -> float | None:
@@ -160,16 +143,15 @@ def _json(body: Any) -> Response:
 
 
 def _conflict(exc: repository.AgentIdTaken | repository.KeyReused) -> ApiError:
-    if isinstance(exc, repository.AgentIdTaken):
-        return ApiError(409, str(exc), "agent_id")
-    return ApiError(409, str(exc), exc.field)
+    return conflict(exc)
 
 
 # --- end identity ------------------------------------------------------------------------------------------
 
 
-def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
-    """Every route of the collector, bound to ``ctx``; ``auth`` guards all but the health checks."""
+def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandler) -> APIRouter:
+    """Every route of the collector, bound to ``ctx``; ``auth`` guards all but the health checks;
+    ``ingest_handler`` stores agent batches."""
     router = APIRouter()
     guarded = [Depends(auth.reader)]
     s = ctx.settings
@@ -187,61 +169,9 @@ def build_router(ctx: Context, auth: Authenticator) -> APIRouter:
     async def ingest(request: Request, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
         """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq); an agent id belongs to
         the first host that pushed it, and a key reused with other content is a 409."""
-        # Async, unlike the other routes: a request waiting for its group's commit holds no thread (a
-        # thousand agents would otherwise queue behind the thread pool's 40). A typical batch is checked
-        # here, in the event loop: decoding holds the GIL wherever it runs, and the hop to the thread pool
-        # cost more than decoding 50 intervals. Authentication that must read the database's tokens, and
-        # a large or compressed body (that would hold up every other connection), run on the pool.
-        if len(body) <= INLINE_BATCH_BYTES and not content_encoding and auth.is_fresh():
-            pending = _checked_batch(request, body, content_encoding)
-        else:
-            pending = await run_in_threadpool(_checked_batch, request, body, content_encoding)
-        try:
-            result = await asyncio.wrap_future(ctx.writer.submit_future(pending))
-        except (repository.AgentIdTaken, repository.KeyReused) as exc:
-            ctx.ingest.errors.inc()
-            raise _conflict(exc) from None
-        if result.duplicate:
-            ctx.ingest.duplicates.inc()
-        else:
-            ctx.ingest.batches.inc()
-            ctx.ingest.intervals.inc(result.n_intervals)
-        return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
-
-    def _checked_batch(request: Request, body: bytes, content_encoding: str | None) -> Pending:
-        """The request's batch, authenticated (401, 403), decoded, checked (415, 413, 422) and hashed."""
-        who = _writer(request)
-        encoding = (content_encoding or "identity").strip().lower()
-        if encoding not in ("identity", "gzip"):
-            ctx.ingest.errors.inc()
-            raise ApiError(
-                415, f"Content-Encoding {encoding!r} is not supported; send identity or gzip", "Content-Encoding"
-            )
-        try:
-            if len(body) > MAX_BATCH_BYTES:
-                raise ApiError(413, f"batch is over {MAX_BATCH_BYTES >> 20} MiB; push smaller batches", "body")
-            if encoding == "gzip":
-                body = _gunzip(body, MAX_BATCH_BYTES)
-            batch = wire.decode_batch(body)
-        except wire.WireError as exc:
-            ctx.ingest.errors.inc()
-            raise ApiError(422, exc.message, exc.field) from None
-        except ApiError:
-            ctx.ingest.errors.inc()
-            raise
-        who.require_write(batch.host, "host")
-        if not isinstance(batch.grid_region, msgspec.UnsetType):
-            try:
-                grid.check_region(batch.grid_region)
-            except grid.UnknownRegion as exc:
-                ctx.ingest.errors.inc()
-                raise ApiError(422, str(exc), "grid_region") from None
-        try:
-            limits.check_batch_times(batch, ctx.clock(), window)  # a 422 naming the field: app.py
-        except limits.BoundError:
-            ctx.ingest.errors.inc()
-            raise
-        return Pending(batch, received_at_s=ctx.clock())
+        # The app serves this path with ingest.IngestFastPath, in front of FastAPI, calling the same
+        # handler; this route gives the OpenAPI document its operation and serves apps built without it.
+        return await ingest_handler(request.headers.get("authorization"), body, content_encoding)
 
     @router.post(
         "/api/v1/jobs",

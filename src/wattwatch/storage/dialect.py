@@ -13,6 +13,7 @@ from sqlalchemy import (
     Connection,
     Float,
     Integer,
+    LargeBinary,
     String,
     Table,
     bindparam,
@@ -89,6 +90,64 @@ def cached_upsert(
     return stmt, upsert_params(conn, table, rows)
 
 
+# SQLite: a cached statement's SQL text and, per positional parameter, its key in a row (or None and its
+# fixed value) and its type's bind processor.
+_Plan = tuple[Any, str, tuple[tuple[str | None, Any, Any], ...]]
+_SQLITE_MANY: dict[int, _Plan | None] = {}
+
+
+def execute_rows(conn: Connection, stmt: Any, params: Any) -> None:
+    """Execute a ``cached_upsert`` statement (no RETURNING) with its parameters.
+
+    On SQLite the statement is compiled once and its rows go to sqlite3's executemany as tuples, through
+    ``exec_driver_sql`` (errors wrapped as any statement's), each value through its type's bind processor
+    as SQLAlchemy would: its executemany built every row's tuple through several layers of Python, which
+    cost more than SQLite's own upsert. PostgreSQL's (one row of arrays) runs as usual.
+    """
+    if conn.dialect.name != "sqlite" or not isinstance(params, list) or not params:
+        conn.execute(stmt, params)
+        return
+    plan = _SQLITE_MANY.get(id(stmt))
+    if plan is None or plan[0] is not stmt:  # (a statement of the same id that was freed and replaced)
+        plan = _SQLITE_MANY[id(stmt)] = _sqlite_plan(conn, stmt)
+    # A column the rows leave out gets its default from SQLAlchemy: such statements run as usual.
+    if plan is None or not all(key is None or key in params[0] for key, _, _ in plan[2]):
+        conn.execute(stmt, params)
+        return
+    _, sql, binds = plan
+    rows = [
+        tuple(
+            fixed if key is None else (row[key] if process is None else process(row[key]))
+            for key, fixed, process in binds
+        )
+        for row in params
+    ]
+    conn.exec_driver_sql(sql, rows)
+
+
+def _sqlite_plan(conn: Connection, stmt: Any) -> _Plan | None:
+    """The statement, its SQL text and its positional parameters, or None when it is not one positional
+    statement without RETURNING or expanding parameters (it then runs as usual)."""
+    compiled = stmt.compile(dialect=conn.dialect)
+    names = compiled.positiontup
+    if names is None or compiled.effective_returning:
+        return None
+    binds = []
+    for name in names:
+        bind = compiled.binds[name]
+        if bind.expanding or bind.callable is not None:
+            return None
+        process = bind.type.bind_processor(conn.dialect)
+        # Row values bind by column key (required); literals in the statement (append_token's ",") carry
+        # their value.
+        if bind.required:
+            binds.append((bind.key, None, process))
+        else:
+            value = bind.effective_value
+            binds.append((None, value if process is None else process(value), None))
+    return stmt, str(compiled), tuple(binds)
+
+
 def pg_array(values: list[Any], type_: Any) -> Any:
     """``values`` as a PostgreSQL array literal (``{1.5,2}``, ``{"a","b"}``) for a column of ``type_``, or the
     list itself for a type not handled here (psycopg adapts it).
@@ -102,6 +161,10 @@ def pg_array(values: list[Any], type_: Any) -> Any:
         if None in values:
             return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
         return "{" + ",".join(map(repr, values)) + "}"
+    if isinstance(type_, LargeBinary) and all(type(v) is bytes for v in values):
+        # bytea's hex form, its backslash escaped for the array literal: psycopg dumped a list of bytes
+        # element by element in Python.
+        return "{" + ",".join(['"\\\\x' + v.hex() + '"' for v in values]) + "}"
     if isinstance(type_, JSON):
         return _quoted([None if v is None else json.dumps(v) for v in values])
     if isinstance(type_, String) and all(v is None or type(v) is str for v in values):
@@ -169,16 +232,22 @@ def append_rows(conn: Connection, table: Table, columns: Sequence[str], rows: Se
     if not rows:
         return
     if conn.dialect.name == "postgresql":
-        stmt, params = cached_upsert(
-            conn, f"append:{table.name}", table, [dict(zip(columns, r, strict=True)) for r in rows], lambda base: base
+        names = tuple(columns)
+        k = (conn.dialect.name, f"append:{table.name}", names)
+        stmt = _FINISHED.get(k)
+        if stmt is None:
+            stmt = _FINISHED[k] = _base_upsert(conn, table, names)
+        # A column's array straight from the tuples (no dict per row).
+        by_column = zip(*rows, strict=True)
+        conn.execute(
+            stmt, {f"u_{n}": pg_array(list(c), table.c[n].type) for n, c in zip(names, by_column, strict=True)}
         )
-        conn.execute(stmt, params)
         return
     # One INSERT handed to sqlite3's executemany with the tuples as they are: no per-row dicts and no
     # SQLAlchemy parameter processing, which cost more than SQLite's own insert.
-    names = ", ".join(f'"{c}"' for c in columns)
+    quoted = ", ".join(f'"{c}"' for c in columns)
     marks = ", ".join("?" * len(columns))
-    conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", [tuple(r) for r in rows])
+    conn.exec_driver_sql(f"INSERT INTO {table.name} ({quoted}) VALUES ({marks})", [tuple(r) for r in rows])
 
 
 @contextmanager

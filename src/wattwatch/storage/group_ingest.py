@@ -24,7 +24,15 @@ from sqlalchemy import Connection, Engine, func, select, tuple_
 from wattwatch import grid, wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
 from wattwatch.storage import raw_batches, tables
-from wattwatch.storage.dialect import append_rows, cached_upsert, greatest, pipelined, upsert, upsert_rows
+from wattwatch.storage.dialect import (
+    append_rows,
+    cached_upsert,
+    execute_rows,
+    greatest,
+    pipelined,
+    upsert,
+    upsert_rows,
+)
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
 from wattwatch.storage.spans import record_spans, record_ticks_many
 from wattwatch.storage.tables import agents, devices, hosts, ingested_batches
@@ -74,6 +82,11 @@ class DeviceCache:
     def __init__(self) -> None:
         self._hosts: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
         self.jobs: set[str] = set()
+        # Agent id -> the host it is bound to: a binding is written once and never changed nor deleted, so
+        # a committed one is valid for good (saves a SELECT per group).
+        self.owners: dict[str, str] = {}
+        # Host name -> id: a host row is never deleted nor renamed (saves SQLite a SELECT per group).
+        self.host_ids: dict[str, int] = {}
         # What each writer thread's running transaction wrote: one cache serves every writer thread, so a
         # host's devices are upserted once per collector process, not once per thread.
         self._local = threading.local()
@@ -92,6 +105,28 @@ class DeviceCache:
         if staged is None:
             staged = self._local.jobs = set()
         return staged
+
+    @property
+    def _staged_owners(self) -> dict[str, str]:
+        staged: dict[str, str] | None = getattr(self._local, "owners", None)
+        if staged is None:
+            staged = self._local.owners = {}
+        return staged
+
+    @property
+    def _staged_host_ids(self) -> dict[str, int]:
+        staged: dict[str, int] | None = getattr(self._local, "host_ids", None)
+        if staged is None:
+            staged = self._local.host_ids = {}
+        return staged
+
+    def stage_host_ids(self, host_ids: dict[str, int]) -> None:
+        """Remember host ids the running transaction read, for ``commit``."""
+        self._staged_host_ids.update(host_ids)
+
+    def stage_owners(self, owners: dict[str, str]) -> None:
+        """Remember agent bindings the running transaction read or wrote, for ``commit``."""
+        self._staged_owners.update(owners)
 
     def stage_jobs(self, job_ids: set[str]) -> None:
         """Remember job ids the running transaction gave a row, for ``commit``."""
@@ -115,13 +150,20 @@ class DeviceCache:
                 self.jobs = set()
             # In place: other threads only test membership, which the GIL keeps whole.
             self.jobs |= self._staged_jobs
-        self._local.staged = {}
-        self._local.jobs = set()
+            if len(self.owners) + len(self._staged_owners) > self.MAX_JOBS:
+                self.owners = {}
+            self.owners.update(self._staged_owners)
+            if len(self.host_ids) + len(self._staged_host_ids) > self.MAX_JOBS:
+                self.host_ids = {}
+            self.host_ids.update(self._staged_host_ids)
+        self.rollback()
 
     def rollback(self) -> None:
         """The calling thread's transaction rolled back: forget what it staged."""
         self._local.staged = {}
         self._local.jobs = set()
+        self._local.owners = {}
+        self._local.host_ids = {}
 
 
 def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
@@ -149,7 +191,7 @@ def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | N
 def ingest_many_in(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
     """``ingest_many`` inside the caller's transaction ``conn``."""
     outcomes: list[Outcome | None] = [None] * len(items)
-    owners = _claim_agent_ids(conn, items)
+    owners = _claim_agent_ids(conn, items, cache)
     for i, item in enumerate(items):
         owner = owners[item.batch.agent_id]
         if owner != item.batch.host:
@@ -162,13 +204,18 @@ def ingest_many_in(conn: Connection, items: Sequence[Pending], cache: DeviceCach
     return [o if o is not None else IngestResult(duplicate=True, n_intervals=0) for o in outcomes]
 
 
-def _claim_agent_ids(conn: Connection, items: Sequence[Pending]) -> dict[str, str]:
+def _claim_agent_ids(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> dict[str, str]:
     """Bind each new agent id to the host of its first batch; every agent id's owner host."""
     first_host: dict[str, tuple[str, float]] = {}
     for item in items:
         first_host.setdefault(item.batch.agent_id, (item.batch.host, item.received_at_s))
-    ids = sorted(first_host)
-    known = dict(conn.execute(select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(ids))).all())
+    cached = cache.owners if cache is not None else {}
+    known = {a: cached[a] for a in first_host if a in cached}
+    ids = sorted(a for a in first_host if a not in known)
+    if not ids:
+        return known
+    stmt = select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(ids))
+    known.update({str(a): str(h) for a, h in conn.execute(stmt).all()})
     unknown = [a for a in ids if a not in known]
     if unknown:
         stmt, params = upsert_rows(
@@ -179,8 +226,10 @@ def _claim_agent_ids(conn: Connection, items: Sequence[Pending]) -> dict[str, st
         conn.execute(stmt.on_conflict_do_nothing(index_elements=[agents.c.agent_id]), params)
         # Read after the insert: under a race, PostgreSQL's ON CONFLICT waited for the other insert to commit.
         stmt = select(agents.c.agent_id, agents.c.host).where(agents.c.agent_id.in_(unknown))
-        known.update(dict(conn.execute(stmt).all()))
-    return {str(k): str(v) for k, v in known.items()}
+        known.update({str(a): str(h) for a, h in conn.execute(stmt).all()})
+    if cache is not None:
+        cache.stage_owners({a: known[a] for a in ids if a in known})
+    return known
 
 
 def _claim_batches(conn: Connection, items: Sequence[Pending], outcomes: list[Outcome | None]) -> list[int]:
@@ -240,23 +289,25 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     # Imported here: repository imports this module.
     from wattwatch.storage import repository as repo
 
-    host_ids = _upsert_hosts(conn, items)
+    host_ids = _upsert_hosts(conn, items, cache)
     device_ids = _upsert_devices(conn, items, host_ids, cache)
-    _upsert_jobs(conn, items, cache)
+    rollups = [rollup_intervals(item.batch.intervals) for item in items]
+    # Each job's first interval start, for its row: the rollup has it (before the job records below move it).
+    firsts = [{job_id: t.first_s for job_id, t in rollup.job_host.items()} for rollup in rollups]
+    _upsert_jobs(conn, items, cache, firsts)
 
     raw_rows: list[tuple[Any, ...]] = []
     jde: dict[tuple[str, int], tuple[float, float, set[str]]] = {}
     job_hosts: dict[tuple[str, int], JobHostTotals] = {}
     idle: dict[tuple[int, float], float] = {}
     ticks: dict[int, dict[tuple[str, float, float], float]] = {}
-    for item in items:
+    for item, rollup in zip(items, rollups, strict=True):
         batch = item.batch
         host_id = host_ids[batch.host]
         dev = device_ids[host_id]
         raw = raw_batches.batch_row(host_id, batch, item.received_at_s)
         if raw is not None:
             raw_rows.append(raw)
-        rollup = rollup_intervals(batch.intervals)
         for (job_id, key), t in rollup.job_device.items():
             e, p, s = jde.get((job_id, dev[key]), (0.0, 0.0, set()))
             jde[(job_id, dev[key])] = (e + t.energy_j, max(p, t.max_power_w), s | t.sources)
@@ -309,7 +360,7 @@ def _merge_job_host(a: JobHostTotals, b: JobHostTotals) -> JobHostTotals:
     )
 
 
-def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
+def _upsert_hosts(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> dict[str, int]:
     latest: dict[str, tuple[str, float]] = {}
     # The grid region each host's agent sent last in this group (carbon_policy); a host whose batches send
     # none keeps the one stored (an older agent, or one started without --grid-region).
@@ -353,12 +404,19 @@ def _upsert_hosts(conn: Connection, items: Sequence[Pending]) -> dict[str, int]:
         ],
         merge,
     )
-    result = conn.execute(stmt, params)
     if pg:
-        rows = result.all()
-    else:
-        rows = conn.execute(select(hosts.c.name, hosts.c.id).where(hosts.c.name.in_(sorted(latest)))).all()
-    return {str(name): int(host_id) for name, host_id in rows}
+        return {str(name): int(host_id) for name, host_id in conn.execute(stmt, params).all()}
+    execute_rows(conn, stmt, params)
+    cached = cache.host_ids if cache is not None else {}
+    out = {name: cached[name] for name in latest if name in cached}
+    missing = sorted(name for name in latest if name not in out)
+    if missing:
+        rows = conn.execute(select(hosts.c.name, hosts.c.id).where(hosts.c.name.in_(missing))).all()
+        read = {str(name): int(host_id) for name, host_id in rows}
+        if cache is not None:
+            cache.stage_host_ids(read)
+        out.update(read)
+    return out
 
 
 def _upsert_devices(
@@ -413,11 +471,20 @@ def _upsert_devices(
     return out
 
 
-def _upsert_jobs(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None = None) -> None:
-    """Job records and placeholders of the group; one statement each unless two batches record one job."""
+def _upsert_jobs(
+    conn: Connection,
+    items: Sequence[Pending],
+    cache: DeviceCache | None = None,
+    firsts: Sequence[dict[str, float]] | None = None,
+) -> None:
+    """Job records and placeholders of the group; one statement each unless two batches record one job.
+    ``firsts``: per item, each job's first interval start (``repository.job_rows``)."""
     from wattwatch.storage import repository as repo
 
-    per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
+    if firsts is None:
+        per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
+    else:
+        per_item = [repo.job_rows(i.batch, i.received_at_s, f) for i, f in zip(items, firsts, strict=True)]
     real_ids = [r["id"] for rows in per_item for r in rows if not r["placeholder"]]
     real = set(real_ids)
     # Membership tests only: other writer threads add to it (under the GIL, a test sees it whole).

@@ -19,6 +19,7 @@ intervals, so plain SQL can total raw energy per host and time without decoding 
 from __future__ import annotations
 
 import math
+import operator
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ COLUMNS = (
 )
 
 _encoder = msgspec.msgpack.Encoder()
+_START = operator.attrgetter("t_start_s")
+_END = operator.attrgetter("t_end_s")
+_ENERGY = operator.attrgetter("energy_j")
 _decoder = msgspec.msgpack.Decoder(list[wire.Interval])
 
 
@@ -73,10 +77,11 @@ def batch_row(host_id: int, batch: wire.Batch, received_at_s: float) -> tuple[An
         batch.agent_id,
         batch.seq,
         received_at_s,
-        min(iv.t_start_s for iv in ivs),
-        max(iv.t_end_s for iv in ivs),
+        # map and attrgetter run in C: generator expressions here were a fiftieth of ingest's CPU.
+        min(map(_START, ivs)),
+        max(map(_END, ivs)),
         len(ivs),
-        math.fsum(iv.energy_j for iv in ivs),
+        math.fsum(map(_ENERGY, ivs)),
         FORMAT_ZLIB_MSGPACK,
         encode_intervals(ivs),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, String, Text, and_, bindparam, case, 
 from wattwatch import wire
 from wattwatch.accounting.rollup import JobHostTotals
 from wattwatch.limits import REASON_ORDER, BoundError
-from wattwatch.storage.dialect import append_token, cached_upsert, greatest, least, upsert
+from wattwatch.storage.dialect import append_token, cached_upsert, execute_rows, greatest, least, upsert
 from wattwatch.storage.engine import WRITE_TX
 from wattwatch.storage.group_ingest import IngestResult, Pending, ingest_many
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused, claim_span_post
@@ -225,12 +225,21 @@ def _real_job_row(job: wire.Job, *, fallback_start_s: float, created_at_s: float
     }
 
 
-def job_rows(batch: wire.Batch, received_at_s: float) -> list[dict[str, Any]]:
-    """Job rows for the batch's job records, plus placeholders for ids only intervals, spans or counts name."""
-    first_seen_s: dict[str, float] = {}
-    for iv in batch.intervals:
-        for job_id in iv.shares:
-            first_seen_s[job_id] = min(first_seen_s.get(job_id, iv.t_start_s), iv.t_start_s)
+def job_rows(
+    batch: wire.Batch, received_at_s: float, intervals_first_s: Mapping[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """Job rows for the batch's job records, plus placeholders for ids only intervals, spans or counts name.
+
+    ``intervals_first_s``: each job's earliest interval start, when the caller has it already (the rollup's
+    ``first_s`` per job: ingest saves a pass over every interval).
+    """
+    if intervals_first_s is not None:
+        first_seen_s = dict(intervals_first_s)
+    else:
+        first_seen_s = {}
+        for iv in batch.intervals:
+            for job_id in iv.shares:
+                first_seen_s[job_id] = min(first_seen_s.get(job_id, iv.t_start_s), iv.t_start_s)
     spans: list[wire.Query | wire.QueryCount] = [*batch.queries, *batch.query_counts]
     for span in spans:
         first_seen_s[span.job] = min(first_seen_s.get(span.job, span.t_start_s), span.t_start_s)
@@ -273,7 +282,7 @@ def upsert_job_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
             placeholders,
             lambda base: base.on_conflict_do_nothing(index_elements=[jobs.c.id]),
         )
-        conn.execute(stmt, params)
+        execute_rows(conn, stmt, params)
     if not real:
         return
     stmt = upsert(conn, jobs)
@@ -350,7 +359,7 @@ def add_job_device_energy(conn: Connection, rows: Iterable[tuple[str, int, float
             },
         ),
     )
-    conn.execute(stmt, params)
+    execute_rows(conn, stmt, params)
     # Rare: one device changed source within a batch (a counter reset bridged from power readings).
     extra = [{"j": j, "d": d, "s": src} for j, d, _, _, s in rows for src in s[1:]]
     if extra:
@@ -385,7 +394,7 @@ def add_job_hosts(conn: Connection, totals: dict[tuple[str, int], JobHostTotals]
         ],
         lambda base: _merge_job_hosts(conn, base),
     )
-    conn.execute(stmt, params)
+    execute_rows(conn, stmt, params)
 
 
 def _merge_job_hosts(conn: Connection, stmt: Any) -> Any:
@@ -422,7 +431,7 @@ def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
             set_={"energy_j": idle_energy.c.energy_j + base.excluded.energy_j},
         ),
     )
-    conn.execute(stmt, params)
+    execute_rows(conn, stmt, params)
     per_day: dict[tuple[int, float], float] = {}
     for d, h, e in rows:
         key = (d, day_floor_s(h))
@@ -437,7 +446,7 @@ def add_idle(conn: Connection, rows: list[tuple[int, float, float]]) -> None:
             set_={"energy_j": idle_energy_days.c.energy_j + base.excluded.energy_j},
         ),
     )
-    conn.execute(stmt, params)
+    execute_rows(conn, stmt, params)
 
 
 def add_device_energy(conn: Connection, rows: dict[int, tuple[float, float]]) -> None:
@@ -458,4 +467,4 @@ def add_device_energy(conn: Connection, rows: dict[int, tuple[float, float]]) ->
             },
         ),
     )
-    conn.execute(stmt, params)
+    execute_rows(conn, stmt, params)

@@ -1,0 +1,201 @@
+"""``POST /api/v1/ingest``: what storing an agent batch takes, and a raw ASGI path to it in front of FastAPI.
+
+``IngestHandler`` authenticates, decodes, checks and stores one batch; the FastAPI route (``routes.py``,
+which also gives the OpenAPI document its operation) and ``IngestFastPath`` both call it. The fast path
+answers the same requests with the same bodies: every error is answered by the app's own exception
+handlers (a 4xx or 503 with ``{"error", "field"}``), anything else propagates to the middleware that
+answers a JSON 500. What it skips is FastAPI's routing, dependency injection and response encoding:
+under load (benchmarks/load.py) they were an eighth of the collector's CPU for a route whose work is
+already done by hand (its body is read raw and decoded with msgspec, its headers read directly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from wattwatch import grid, limits, wire
+from wattwatch.collector.auth import Authenticator
+from wattwatch.collector.errors import ApiError
+from wattwatch.storage import repository
+from wattwatch.storage.group_ingest import Pending
+
+INGEST_PATH = "/api/v1/ingest"
+# Far above a real batch (an agent pushes every few seconds), far below what would hurt the collector.
+MAX_BATCH_BYTES = 64 << 20
+# Bodies up to this size are decoded in the event loop (about 1,500 intervals, a few ms).
+INLINE_BATCH_BYTES = 256 << 10
+
+
+def gunzip(body: bytes, limit_bytes: int) -> bytes:
+    """Gunzip with a ceiling: a few kilobytes of gzip can expand to gigabytes (a "zip bomb")."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit_bytes)
+    except zlib.error as exc:
+        raise wire.WireError("body", f"Content-Encoding is gzip but the body is not valid gzip: {exc}") from None
+    if inflater.unconsumed_tail:
+        raise ApiError(413, f"batch is over {limit_bytes >> 20} MiB uncompressed; push smaller batches", "body")
+    if not inflater.eof:
+        raise wire.WireError("body", "Content-Encoding is gzip but the body is truncated")
+    return out
+
+
+class IngestHandler:
+    """Store one agent batch: ``await handler(authorization, body, content_encoding)`` is the answer's body,
+    or raises what answers the request (ApiError, BoundError, AgentIdTaken/KeyReused as a 409 ApiError, a
+    database error)."""
+
+    def __init__(self, ctx: Any, auth: Authenticator) -> None:
+        # ctx: routes.Context (imported there: routes imports this module).
+        self._ctx = ctx
+        self._auth = auth
+        self._window = ctx.settings.time_window()
+
+    async def __call__(self, authorization: str | None, body: bytes, content_encoding: str | None) -> dict[str, Any]:
+        """Authenticate, decode, check and store the batch; ``{"accepted", "duplicate", "intervals"}``."""
+        ctx = self._ctx
+        # A request waiting for its group's commit holds no thread (a thousand agents would otherwise queue
+        # behind the thread pool's 40). A typical batch is checked here, in the event loop: decoding holds
+        # the GIL wherever it runs, and the hop to the thread pool cost more than decoding 50 intervals.
+        # Authentication that must read the database's tokens, and a large or compressed body (that would
+        # hold up every other connection), run on the pool.
+        if len(body) <= INLINE_BATCH_BYTES and not content_encoding and self._auth.is_fresh():
+            pending = self.checked(authorization, body, content_encoding)
+        else:
+            pending = await run_in_threadpool(self.checked, authorization, body, content_encoding)
+        try:
+            result = await ctx.writer.store(pending)
+        except (repository.AgentIdTaken, repository.KeyReused) as exc:
+            ctx.ingest.errors.inc()
+            raise conflict(exc) from None
+        if result.duplicate:
+            ctx.ingest.duplicates.inc()
+        else:
+            ctx.ingest.batches.inc()
+            ctx.ingest.intervals.inc(result.n_intervals)
+        return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
+
+    def checked(self, authorization: str | None, body: bytes, content_encoding: str | None) -> Pending:
+        """The request's batch, authenticated (401, 403), decoded, checked (415, 413, 422) and hashed."""
+        ctx = self._ctx
+        who = self._auth.authenticate(authorization)
+        who.require_write(None)
+        encoding = (content_encoding or "identity").strip().lower()
+        if encoding not in ("identity", "gzip"):
+            ctx.ingest.errors.inc()
+            raise ApiError(
+                415, f"Content-Encoding {encoding!r} is not supported; send identity or gzip", "Content-Encoding"
+            )
+        try:
+            if len(body) > MAX_BATCH_BYTES:
+                raise ApiError(413, f"batch is over {MAX_BATCH_BYTES >> 20} MiB; push smaller batches", "body")
+            if encoding == "gzip":
+                body = gunzip(body, MAX_BATCH_BYTES)
+            batch = wire.decode_batch(body)
+        except wire.WireError as exc:
+            ctx.ingest.errors.inc()
+            raise ApiError(422, exc.message, exc.field) from None
+        except ApiError:
+            ctx.ingest.errors.inc()
+            raise
+        who.require_write(batch.host, "host")
+        if not isinstance(batch.grid_region, msgspec.UnsetType):
+            try:
+                grid.check_region(batch.grid_region)
+            except grid.UnknownRegion as exc:
+                ctx.ingest.errors.inc()
+                raise ApiError(422, str(exc), "grid_region") from None
+        try:
+            limits.check_batch_times(batch, ctx.clock(), self._window)  # a 422 naming the field: app.py
+        except limits.BoundError:
+            ctx.ingest.errors.inc()
+            raise
+        return Pending(batch, received_at_s=ctx.clock())
+
+
+def conflict(exc: repository.AgentIdTaken | repository.KeyReused) -> ApiError:
+    """The 409 for a batch refused for its identity."""
+    if isinstance(exc, repository.AgentIdTaken):
+        return ApiError(409, str(exc), "agent_id")
+    return ApiError(409, str(exc), exc.field)
+
+
+class IngestFastPath:
+    """ASGI middleware: ``POST /api/v1/ingest`` straight to ``handler``; everything else to the app.
+
+    ``handlers()`` gives the app's exception handlers (FastAPI's ``app.exception_handlers``), looked up
+    for an exception's class and its bases as Starlette does; an exception none handles propagates.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, handler: IngestHandler, handlers: Callable[[], dict[Any, Callable[..., Any]]]
+    ) -> None:
+        self.app = app
+        self._handler = handler
+        self._handlers = handlers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve an ingest POST; pass anything else on."""
+        if (
+            scope["type"] != "http"
+            or scope["path"] != INGEST_PATH
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+        ):
+            await self.app(scope, receive, send)
+            return
+        authorization = content_encoding = None
+        for name, value in scope["headers"]:
+            # The first of each, as Starlette's Headers.get.
+            if name == b"authorization" and authorization is None:
+                authorization = value.decode("latin-1")
+            elif name == b"content-encoding" and content_encoding is None:
+                content_encoding = value.decode("latin-1")
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client is gone: nobody to answer
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            answer = await self._handler(authorization, body, content_encoding)
+        except Exception as exc:
+            handle = self._lookup(exc)
+            if handle is None:
+                raise
+            request = Request(scope, receive)
+            if asyncio.iscoroutinefunction(handle):
+                response = await handle(request, exc)
+            else:
+                response = await run_in_threadpool(handle, request, exc)
+            await response(scope, receive, send)
+            return
+        payload = wire.encode(answer)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+    def _lookup(self, exc: Exception) -> Callable[..., Any] | None:
+        handlers = self._handlers()
+        for cls in type(exc).__mro__:
+            if cls is Exception:
+                break  # Exception's handler (if any) answers 500s: the outer middleware's job
+            if cls in handlers:
+                return handlers[cls]
+        return None

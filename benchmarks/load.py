@@ -257,11 +257,14 @@ class CpuMeter:
         self.seconds = sum(max(0.0, cpu_s(p) - self._start.get(p, 0.0)) for p in self._pids())
 
 
-def start_collector(db_url: str, workers: int, home: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """``wattwatch collector`` on a free loopback port, migrated and answering; (process, port)."""
+def start_collector(
+    db_url: str, workers: int, home: Path, extra: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``wattwatch collector`` (with ``extra`` options) on a free loopback port, migrated and answering;
+    (process, port)."""
     port = free_port()
     cmd = [sys.executable, "-m", "wattwatch.cli", "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}"]
-    cmd += ["--migrate"] + (["--workers", str(workers)] if workers != 1 else [])
+    cmd += ["--migrate", *extra] + (["--workers", str(workers)] if workers != 1 else [])
     env = {**os.environ, "WATTWATCH_HOME": str(home)}
     log = open(home / "collector.log", "wb")  # noqa: SIM115 - the process keeps it
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

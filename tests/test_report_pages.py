@@ -206,16 +206,15 @@ def test_pages_hold_every_job_once_whatever_the_collation(icu_pg_url: str) -> No
         engine.dispose()
 
 
-def test_the_idle_share_is_of_every_matching_job_on_any_page(fleet_db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """On the first of several pages, idle energy is the window's, so its share is of all matching jobs'
-    energy (the collector sums them: matched_energy_j), as on one page holding them all; later pages,
-    which carry no idle energy, print no share."""
+def test_a_page_of_several_states_idle_energy_without_a_share(
+    fleet_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Idle energy is the window's, jobs are the page's: on one page of several a share of the two would
+    be wrong (28.6 % where the whole window's is 9.1 %), so that page says the idle energy and how to get
+    its share; one page holding every job gives the share; later pages carry no idle energy at all."""
     whole = run_json(fleet_db, capsys, "--limit", str(JOBS))
     first = run_json(fleet_db, capsys, "--limit", "10")
-    assert whole["matched_energy_j"] is None and first["next_cursor"]
-    assert first["matched_energy_j"] == pytest.approx(sum(j["energy_j"] for j in whole["jobs"]), rel=1e-9)
-    assert first["totals"]["idle_share"] == pytest.approx(whole["totals"]["idle_share"], rel=1e-9)
-    assert 0.0 < whole["totals"]["idle_share"] < 1.0
+    assert 0.0 < whole["totals"]["idle_share"] < 1.0 and first["next_cursor"]
     runs = {
         "one page": ["--limit", str(JOBS)],
         "first of several": ["--limit", "10"],
@@ -228,13 +227,9 @@ def test_the_idle_share_is_of_every_matching_job_on_any_page(fleet_db: str, caps
         lines[what] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Idle:")]
     share = f"{whole['totals']['idle_share'] * 100:.1f} %"
     assert len(lines["one page"]) == 1 and share in lines["one page"][0]
-    assert len(lines["first of several"]) == 1 and share in lines["first of several"][0]
-    assert f"all {JOBS} matching jobs" in lines["first of several"][0]
+    assert len(lines["first of several"]) == 1 and "%" not in lines["first of several"][0]
+    assert f"--limit {JOBS}" in lines["first of several"][0]
     assert lines["second"] == []
-    # The same through a name glob (matched outside SQL).
-    globbed = run_json(fleet_db, capsys, "--name", "train-1*", "--limit", str(JOBS))
-    page = run_json(fleet_db, capsys, "--name", "train-1*", "--limit", "3")
-    assert page["matched_energy_j"] == pytest.approx(sum(j["energy_j"] for j in globbed["jobs"]), rel=1e-9)
 
 
 @given(st.floats(min_value=1e-12, max_value=1e15))

@@ -34,19 +34,14 @@ def parse_group_by(text: str) -> tuple[str, str | None]:
     raise ValueError(f"--group-by {text!r} is unknown; use {GROUP_BY_HELP}")
 
 
-def totals(
-    jobs: Sequence[Mapping[str, Any]], idle: Sequence[Mapping[str, Any]], *, matched_energy_j: float | None = None
-) -> dict[str, Any]:
+def totals(jobs: Sequence[Mapping[str, Any]], idle: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The sums of ``jobs`` and ``idle``: energy, emissions, cost, setup and after energy, idle energy,
-    and the idle share of everything measured (jobs + setup + after + idle; None when nothing was).
-
-    ``matched_energy_j``: the energy of every job the filters match, when ``jobs`` is one page of several;
-    then what was measured, and the idle share, are of all of them (``matched_energy_j`` is kept)."""
+    and the idle share of everything measured (jobs + setup + after + idle; None when nothing was)."""
     energy_j = math.fsum(float(j.get("energy_j") or 0.0) for j in jobs)
     setup_j = math.fsum(float(j.get("setup_energy_j") or 0.0) for j in jobs)
     after_j = math.fsum(float(j.get("after_energy_j") or 0.0) for j in jobs)
     idle_j = math.fsum(float(i.get("energy_j") or 0.0) for i in idle)
-    measured_j = (energy_j + setup_j + after_j if matched_energy_j is None else matched_energy_j) + idle_j
+    measured_j = energy_j + setup_j + after_j + idle_j
     costs = [float(j["cost"]) for j in jobs if j.get("cost") is not None]
     return {
         "jobs": len(jobs),
@@ -60,7 +55,6 @@ def totals(
         "idle_energy_j": idle_j,
         "measured_energy_j": measured_j,
         "idle_share": idle_j / measured_j if measured_j > 0 else None,
-        **({} if matched_energy_j is None else {"matched_energy_j": matched_energy_j}),
     }
 
 
@@ -146,7 +140,7 @@ def shape(report: dict[str, Any], *, group_by: str | None = None, sort: str | No
     ``group_by``, ``groups`` (by group name, or in ``sort`` order: ``started`` is a group's first job's
     start) and ``group_by``. Fields are only added: a JSON reader of the plain report keeps working."""
     report["jobs"] = sort_items(report.get("jobs") or [], sort or DEFAULT_SORT)
-    report["totals"] = totals(report["jobs"], report.get("idle") or [], matched_energy_j=report.get("matched_energy_j"))
+    report["totals"] = totals(report["jobs"], report.get("idle") or [])
     if group_by is not None:
         report["group_by"] = group_by
         report["groups"] = sort_items(groups(report["jobs"], group_by), sort or "name", name_key="group")

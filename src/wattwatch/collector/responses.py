@@ -199,10 +199,6 @@ class Report(msgspec.Struct):
     jobs_matched: Annotated[
         int, msgspec.Meta(description="jobs matching the filters on all pages (the page's count if it is the only one)")
     ]
-    matched_energy_j: Annotated[
-        float | None,
-        msgspec.Meta(description="energy of every matching job with its phases, on the first of several pages"),
-    ]
     window: ReportWindow
     carbon: Annotated[CarbonSummary, msgspec.Meta(description="intensity per host, its source, PUE, price, totals")]
 

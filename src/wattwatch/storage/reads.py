@@ -328,14 +328,6 @@ def _phases_of(conn: Connection, job_ids: Select[Any] | list[str], *, now_s: flo
     return out
 
 
-def _energy_of(conn: Connection, job_ids: Select[Any] | list[str]) -> float:
-    """The energy of the jobs ``job_ids`` selects or lists and of their phases (setup, after), summed."""
-    jde = job_device_energy
-    phases = select(jobs.c.id).where(among(conn, jobs.c.phase_of, job_ids))
-    where = or_(among(conn, jde.c.job_id, job_ids), jde.c.job_id.in_(phases))
-    return float(conn.execute(select(func.coalesce(func.sum(jde.c.energy_j), 0.0)).where(where)).scalar_one())
-
-
 def _phase_fields(phases: list[dict[str, Any]]) -> dict[str, Any]:
     """A job's setup and after figures from its phases: energy summed, time the span they cover (a job's
     processes' phases overlap in time); None when it has no such phase."""
@@ -435,7 +427,6 @@ def build_report(
     with _snapshot(engine) as conn:
         kept: list[str] | None = None
         matched: int | None = None
-        hits: list[Any] = []
         if name is not None or want:
             # Globs and JSON labels are matched here, the same on SQLite and PostgreSQL (LIKE differs in
             # case, JSON operators in syntax); only the window's rows are read, every page's (for the count).
@@ -454,13 +445,6 @@ def build_report(
         if matched is None and (more or after is not None):
             # Other pages hold jobs too: count them all (one indexed count), so "100 of 4,667" can be said.
             matched = conn.execute(select(func.count()).select_from(jobs).where(*matching)).scalar_one()
-        matched_energy_j = None
-        if more and after is None:
-            # The first of several pages carries the window's idle energy: its share is of every matching
-            # job's energy (phases included), not of this page's.
-            globbed = name is not None or bool(want)
-            everyone = [r.id for r in hits] if globbed else select(jobs.c.id).where(*matching)
-            matched_energy_j = _energy_of(conn, everyone)
         job_ids: Select[Any] | list[str] = select(jobs.c.id).where(*where) if kept is None else kept
         entries = _job_entries(conn, job_ids, carbon=policy, now_s=now_s)
         ordered = sorted(entries.values(), key=lambda e: (e["started_at_s"], e["id"]))
@@ -498,10 +482,8 @@ def build_report(
         # Jobs matching the filters on every page (this one's count when it is the only page).
         "jobs_matched": len(ordered) if matched is None else matched,
         "carbon": carbon_summary,
-        # Every matching job's energy with its phases, on the first of several pages (else null).
-        "matched_energy_j": matched_energy_j,
         # This page's sums and the idle share (report_group.totals: the CLI's footer is the same figures).
-        "totals": totals(ordered, idle, matched_energy_j=matched_energy_j),
+        "totals": totals(ordered, idle),
     }
 
 

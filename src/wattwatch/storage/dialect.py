@@ -176,12 +176,17 @@ def pg_array(values: list[Any], type_: Any) -> Any:
     return values
 
 
+AMONG_MAX_ARRAY = 1000  # a page's ids (the CLI's default page is 100, the API's 1,000)
+
+
 def among(conn: Connection, column: Any, values: Any) -> ColumnElement[bool]:
     """``column IN values``: a subquery or a list of strings. On PostgreSQL a list is one array parameter
     (``= ANY(CAST(:p AS VARCHAR[]))``), so the statement's text, and psycopg's parsing of it, is the same
     for every page: an expanded ``IN (:p1, ... :p100)`` was rendered by SQLAlchemy and re-parsed by psycopg
     on each report (seven of them, about a tenth of a 100-job page's time)."""
-    if conn.dialect.name != "postgresql" or not isinstance(values, (list, tuple)):
+    if conn.dialect.name != "postgresql" or not isinstance(values, (list, tuple)) or len(values) > AMONG_MAX_ARRAY:
+        # A long list stays an IN list: PostgreSQL plans it as a constant it can hash, where an array
+        # parameter of 20,000 ids was searched row by row (a report of every job did not finish).
         return column.in_(values)  # type: ignore[no-any-return]
     from sqlalchemy import any_
     from sqlalchemy.dialects.postgresql import ARRAY

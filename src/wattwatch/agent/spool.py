@@ -163,21 +163,8 @@ class Spool:
 
     def seal_staged(self, seq: int, body: bytes, created_s: float) -> None:
         """Queue batch ``seq`` (``body``: all its parts in one batch), keep the checkpoint of its last part
-        that has one, and drop its parts, in one transaction."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("INSERT INTO batches (seq, body, created_s) VALUES (?, ?, ?)", (seq, body, created_s))
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) SELECT 'checkpoint', checkpoint FROM staged "
-                    "WHERE seq = ? AND checkpoint IS NOT NULL ORDER BY part DESC LIMIT 1",
-                    (seq,),
-                )
-                self._db.execute("DELETE FROM staged WHERE seq = ?", (seq,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        that has one, and drop its parts, in one transaction (``seal`` with the body already built)."""
+        self.seal(seq, lambda _seq: body, created_s)
 
     def seal(
         self, seq: int | None, body: Callable[[int], bytes], created_s: float, checkpoint: str | None = None

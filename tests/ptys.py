@@ -23,6 +23,9 @@ class PtyProcess:
         pid, fd = pty.fork()
         if pid == 0:  # the child: pty.fork made it a session leader with the pty as its terminal
             try:
+                # As at a terminal: Ctrl-C interrupts, even where the tests were started in the background
+                # (a shell without job control starts background commands with SIGINT ignored).
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.execvpe(argv[0], list(argv), dict(env))
             finally:
                 os._exit(127)

@@ -140,14 +140,14 @@ def icu_pg_url() -> Iterator[str]:
     import os
     import uuid
 
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import text
     from sqlalchemy.engine import make_url
 
-    from conftest import PG_DEFAULT_URL, unavailable
+    from conftest import PG_DEFAULT_URL, _admin_engine, unavailable
     from wattwatch.storage import migrate
 
     base = os.environ.get("WATTWATCH_TEST_PG_URL", PG_DEFAULT_URL)
-    admin = create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    admin = _admin_engine(base)  # conftest's: autocommit, a 3 s connect timeout
     name = f"wattwatch_icu_{uuid.uuid4().hex[:12]}"
     try:
         with admin.connect() as conn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
 from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.record import replace
 from wattwatch.storage import tokens
 from wattwatch.storage.tables import api_tokens, hosts, jobs
 

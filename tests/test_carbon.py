@@ -169,7 +169,7 @@ def test_a_job_on_both_hosts_emits_each_hosts_share_at_its_own_intensity(client:
 def test_collector_override_and_default_region(settings: Settings, db_engine: Engine) -> None:
     """The collector's per-host override beats what the agent sent; its own region covers hosts sending none;
     a cloud region takes codecarbon's cloud figure."""
-    from dataclasses import replace
+    from wattwatch.record import replace
 
     tuned = replace(settings, grid_region="DEU", grid_regions="ohio-*=gcp:us-west1")
     with app_client(tuned, db_engine) as client:

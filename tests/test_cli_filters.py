@@ -8,6 +8,8 @@ import csv
 import io
 import json
 import re
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -225,3 +227,22 @@ def test_wattwatch_server_is_where_a_plain_report_asks(
         "wattwatch report: error: --server / WATTWATCH_SERVER 'collector:8470' is not a URL; "
         "use e.g. http://collector:8470"
     )
+
+
+def test_report_server_imports_no_heavy_module(seeded: str, tmp_path: Path) -> None:
+    """`report --server` is the read whose start-up has a 200 ms budget (benchmarks/report_startup.py): it
+    prints the report without importing a database driver, SQLAlchemy, logging, dataclasses (and its
+    inspect), shutil, textwrap or csv, each 1-130 ms of a new process's start."""
+    heavy = ("sqlalchemy", "psycopg", "logging", "dataclasses", "inspect", "shutil", "textwrap", "csv", "httpx")
+    probe = (
+        "import sys\nfrom wattwatch.cli import main\n"
+        f"code = main(['report', '--server', sys.argv[1]])\n"
+        f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], code)\n"
+    )
+    with running_collector(seeded, tmp_path) as url:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, url], capture_output=True, text=True, timeout=60, check=False
+        )
+    assert out.returncode == 0, out.stderr
+    assert "llama-ft-2" in out.stdout  # the report itself was printed
+    assert out.stdout.strip().splitlines()[-1] == "LOADED [] 0", out.stdout[-500:]

@@ -6,7 +6,6 @@ import gzip
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.record import replace
 from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
+
+from wattwatch.record import field, record
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -29,7 +30,7 @@ def add_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
     comp.add_argument("shell", choices=SHELLS, help="the shell to complete in")
 
 
-@dataclass
+@record
 class Level:
     """A command (or the program itself): its words, its options, and which options take which values."""
 

@@ -2,19 +2,18 @@
 
 Precedence, lowest to highest: defaults, the TOML file (``$WATTWATCH_HOME/wattwatch.toml`` or
 ``WATTWATCH_CONFIG``), environment variables, then command-line flags (applied by the CLI with
-``dataclasses.replace``).
+``record.replace``).
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from wattwatch import limits
 from wattwatch.errors import ConfigError
+from wattwatch.record import field, field_names, record, replace
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
@@ -24,7 +23,7 @@ def default_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(raw).expanduser() if raw else Path.home() / ".local" / "share" / "wattwatch"
 
 
-@dataclass(frozen=True)
+@record
 class Settings:
     """Everything a wattwatch process can be told. Units are in the names."""
 
@@ -170,6 +169,8 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: Path | None
     values: dict[str, object] = {"home": home}
     path = config_file or Path(env.get("WATTWATCH_CONFIG", home / "wattwatch.toml"))
     if path.exists():
+        import tomllib  # only where there is a file to read (1.5 ms of a read command's start-up)
+
         try:
             values.update(tomllib.loads(path.read_text()))
         except tomllib.TOMLDecodeError as exc:
@@ -181,7 +182,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: Path | None
 
 
 def _coerce(values: Mapping[str, object], source: str) -> Settings:
-    known = {f.name: f for f in fields(Settings)}
+    known = set(field_names(Settings))
     kwargs: dict[str, object] = {}
     for name, raw in values.items():
         if name not in known:

@@ -27,9 +27,10 @@ import math
 import numbers
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from wattwatch.record import record
 
 if TYPE_CHECKING:
     from wattwatch import wire
@@ -138,7 +139,7 @@ def check_epoch(field: str, t_s: Any) -> float:
     return t
 
 
-@dataclass(frozen=True)
+@record
 class TimeWindow:
     """Times accepted where data enters: from ``past_s`` before now to ``future_s`` after it."""
 

@@ -8,7 +8,6 @@ read from the demo's own collector (``GET /api/v1/live``).
 
 from __future__ import annotations
 
-import shutil
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from wattwatch.config import Settings
+from wattwatch.table_render import terminal_columns
 
 Driver = Callable[[Settings, threading.Event], None]
 
@@ -33,7 +33,7 @@ class StatusLine:
     def update(self, text: str) -> None:
         """Show ``text`` now (on a terminal) or when ``every_s`` passed since the last plain line."""
         if self.tty:
-            width = shutil.get_terminal_size().columns
+            width = terminal_columns(80)
             self.stream.write("\r" + text[: max(width - 1, 10)] + "\x1b[K")
             self._drawn = True
         elif time.monotonic() - self._last_s >= self.every_s:

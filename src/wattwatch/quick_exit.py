@@ -10,7 +10,6 @@ the same process (tests) gets the exit code back as before.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -44,7 +43,9 @@ def finish(code: int, argv: Sequence[str]) -> int:
     """End the process now with ``code`` when ``argv``'s command is a quick one; else return ``code``."""
     if command_of(argv) not in QUICK_COMMANDS:
         return code
-    logging.shutdown()
+    logging = sys.modules.get("logging")  # flush log handlers, if anything imported logging at all
+    if logging is not None:
+        logging.shutdown()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

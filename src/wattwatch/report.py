@@ -10,7 +10,6 @@ after the job ended while it stayed on the GPU: not part of the job's ENERGY, an
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -378,10 +377,10 @@ def _columns(columns: Sequence[tuple[str, str, int]]) -> list[table_render.Colum
 def _hidden_note(hidden: Sequence[str], width: int | None) -> str:
     if not hidden:
         return ""
-    import textwrap
+    from wattwatch import table_render
 
     text = f"Hidden to fit {width} columns: {', '.join(hidden)} (--width 0 shows them; CSV and JSON have all)."
-    return textwrap.fill(text, width=max(width or 100, 40))
+    return table_render.wrap(text, max(width or 100, 40))
 
 
 # Idle energy is shown per device up to this many rows; beyond (a fleet: 64 hosts are 576 rows) per host,
@@ -574,6 +573,8 @@ def _total_row(report: Mapping[str, Any], fields: Sequence[str], extra: Mapping[
 
 def _csv(report: Mapping[str, Any]) -> str:
     out = io.StringIO()
+    import csv  # only for CSV output
+
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(_CSV_FIELDS)
     for job in report.get("jobs", []):
@@ -583,6 +584,8 @@ def _csv(report: Mapping[str, Any]) -> str:
 
 def _group_csv(report: Mapping[str, Any]) -> str:
     out = io.StringIO()
+    import csv  # only for CSV output
+
     writer = csv.writer(out, lineterminator="\n")
     fields = (*_GROUP_CSV_FIELDS, *_TOTAL_FIELDS, "job_ids")
     writer.writerow(fields)

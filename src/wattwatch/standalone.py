@@ -14,12 +14,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.record import replace
 
 if TYPE_CHECKING:
     from wattwatch.agent.options import AgentOptions

@@ -10,7 +10,6 @@ frame replaces the last (cursor home, clear to the end); piped, frames are print
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any, TextIO
 
 from wattwatch.cli_errors import RuntimeFailure, UsageError
 from wattwatch.config import Settings
+from wattwatch.table_render import terminal_columns
 
 DEFAULT_INTERVAL_S = 2.0
 # ANSI: cursor home, clear to end of line / of screen, hide and show the cursor.
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, settings: Settings, out: TextIO | None = None)
         if tty:
             out.write(_HIDE + "\x1b[2J")
         while True:
-            width = shutil.get_terminal_size().columns if tty else 0
+            width = terminal_columns(80) if tty else 0
             frame = render(live, server=server, interval_s=args.interval, width=width)
             if tty:
                 out.write(_HOME + "".join(f"{line}{_EOL}\n" for line in frame.splitlines()) + _EOS)

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from wattwatch import wire
@@ -40,6 +40,7 @@ from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
+from wattwatch.record import replace
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.visible import resolve_visible
 from wattwatch.sim.clock import FakeClock

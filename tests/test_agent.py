@@ -8,7 +8,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from wattwatch.agent.runner import Agent, tick_interval_s
 from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
+from wattwatch.record import replace
 from wattwatch.sdk import AgentClient
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.rapl import RaplSensor

@@ -14,7 +14,6 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +25,7 @@ from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.integrations import lightning as wl
 from wattwatch.integrations import transformers as wt
+from wattwatch.record import replace
 from wattwatch.sdk import AgentClient
 
 HF_HOOK = ["self", "args", "state", "control", "kwargs"]

@@ -8,7 +8,6 @@ import math
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
+from wattwatch.record import replace
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine

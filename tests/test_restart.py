@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from wattwatch import wire
+from wattwatch import record, wire
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.restore import BRIDGED, GAP, Checkpoint, DeviceMark, JobMark, adopt, bridge
@@ -225,7 +225,7 @@ class GatedSensor(CounterSensor):
 
 
 def make_agent(home: Path, proc: Path, clock: FakeClock, sensor: CounterSensor | None = None) -> Agent:
-    settings = replace(
+    settings = record.replace(
         Settings(home=home), collector_url="http://127.0.0.1:9", interval_s=3600.0, push_interval_s=3600.0
     )
     sensor = sensor or CounterSensor(POWER_W, clock, origin_s=T0 - 1000.0)

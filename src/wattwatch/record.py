@@ -39,7 +39,11 @@ def field(*, default_factory: Callable[[], T]) -> T:
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def record(cls: type[T]) -> type[T]:
     """Make ``cls`` a frozen record of its annotated fields, in order (those with a default after those
-    without), calling ``__post_init__`` after ``__init__`` when the class has one."""
+    without), calling ``__post_init__`` after ``__init__`` when the class has one.
+
+    Narrower than dataclasses, on purpose: the class's own annotations only (no inherited fields), a
+    class variable annotated ``ClassVar[...]`` under ``from __future__ import annotations``, no ordering,
+    ``InitVar`` or ``__match_args__``."""
     own = cls.__dict__.get("__annotations__", {})  # noqa: RUF063 - importing inspect is what this module avoids
     names = [n for n, kind in own.items() if not str(kind).startswith("ClassVar")]
     defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}

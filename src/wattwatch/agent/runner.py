@@ -548,8 +548,17 @@ class Agent:
             self._events.put(event)
         return event.t_s
 
-    def _enqueue_tick(self) -> None:
-        self._put(_Event("tick", 0.0, scheduled=True))
+    def _due_tick(self) -> _Event | None:
+        """The schedule's tick, now due: returned to be handled at once when no event is queued (the usual
+        case: no queue round trip, no wake-up of the worker by itself), else queued behind the events
+        already there (None). Stamped under the enqueue lock, as ``_put`` stamps, so events stay in time
+        order either way."""
+        with self._enqueue_lock:
+            event = _Event("tick", self._clock(), scheduled=True)
+            if self._events.empty():
+                return event
+            self._events.put(event)
+        return None
 
     def _fine_ticks(self) -> None:
         # Sleeps until spans arrive; then enqueues a fine tick every fine_interval_s (on a fixed grid, so
@@ -589,10 +598,12 @@ class Agent:
         next_tick = time.monotonic() + period_s
         while True:
             now = time.monotonic()
+            event = None
             if now >= next_tick and self._ticking:
-                self._enqueue_tick()
+                event = self._due_tick()
                 next_tick += period_s * (math.floor((now - next_tick) / period_s) + 1)
-            event = self._events.get(max(0.0, next_tick - now) if self._ticking else None)
+            if event is None:
+                event = self._events.get(max(0.0, next_tick - now) if self._ticking else None)
             if event is None:
                 continue  # the next tick is due
             try:

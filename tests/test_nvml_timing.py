@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from wattwatch.sensors.nvml import NvmlSensor
-from wattwatch.sensors.nvml_grid import Change, coarse_period
+from wattwatch.sensors.nvml_grid import Change, PhaseFit, coarse_period
 from wattwatch.sensors.nvml_processes import SamplePeriod
 from wattwatch.sensors.nvml_timing import CounterTiming
 from wattwatch.sim.clock import FakeClock
@@ -417,3 +417,37 @@ def test_a_calibration_poll_is_aimed_at_the_predicted_refresh_not_polled_blindly
         assert reads["n"] <= 12, reads["n"]
         fit = dev.timing.fit
         assert fit is not None and fit.lo_s < fleet.last_update_s(0, fit.hi_s) <= fit.hi_s  # where it is
+
+
+def test_a_short_poll_that_came_after_its_refresh_is_not_repeated_every_tick() -> None:
+    # A 1 s tick is ten 100 ms refreshes: a board whose refresh comes 1 ms before the tick meets every tick
+    # the same way. A short poll then always starts after the refresh it was for (no bracket, three or more
+    # counter reads and two sleeps for nothing); after one such miss the sensor leaves the next ones out
+    # while the predicted window still opens before the tick, and polls again once it opens after it.
+    fleet, clock, sensor = rig(0.1, n=1)
+    dev = sensor._devices["gpu0"]
+    polls: list[float] = []
+    calibrate = sensor._poller.calibrate
+
+    def counted(devs: list[Any], *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("limit_s") is not None:
+            polls.append(clock.t_s)
+        calibrate(devs, *args, **kwargs)
+
+    sensor._poller.calibrate = counted  # type: ignore[method-assign]
+    clock.t_s = T0 + 5.0
+    refresh_s = fleet.last_update_s(0, clock.t_s) + 0.1
+
+    def place(now_s: float, lo_s: float, hi_s: float) -> None:
+        # A trusted grid 6 ms wide (a short poll is worth it from 4 ms on) with the board's refresh inside.
+        fit = PhaseFit(period_s=0.1, period_err_s=0.0, lo_s=lo_s, hi_s=hi_s, jitter_s=0.0, refreshes=50, span_s=30.0)
+        dev.timing._fit, dev.timing._dirty, dev.timing.last_seen_s = fit, False, now_s - 1.0
+        clock.t_s = now_s
+
+    for k in range(4):  # the refresh 1 ms before every tick
+        place(refresh_s + k + 0.001, refresh_s + k - 0.003, refresh_s + k + 0.003)
+        assert sensor.read()
+    assert polls == [refresh_s + 0.001] and dev.short_poll_missed
+    place(refresh_s + 4 - 0.005, refresh_s + 4 - 0.003, refresh_s + 4 + 0.003)  # the window opens after the tick
+    assert sensor.read()
+    assert len(polls) == 2 and not dev.short_poll_missed  # polled, and it bracketed the refresh

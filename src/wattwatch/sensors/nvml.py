@@ -61,6 +61,19 @@ POWER_SAMPLE_INTERVAL_S = 0.01
 PROCESS_LOOKBACK_S = 30.0
 
 
+def _poll_too_late(dev: GpuDevice, now_s: float) -> bool:
+    """Whether a short poll of ``dev`` now would come after the refresh it is for, as its last one did: that
+    one saw no refresh (it had come before the first read), and the window the refresh is predicted in
+    opens before now again. A tick that is a whole number of refresh periods long (1 s and 100 ms) meets
+    the refresh at the same offset every time, so without this the same GPU is polled every tick, three to
+    seven counter reads and two sleeps each (0.3-0.4 ms of the agent's CPU a second), for no bracket; its
+    phase is relearned by a calibration poll once the window has widened (``CounterTiming.tick_plan``)."""
+    if not dev.short_poll_missed:
+        return False
+    window = dev.timing.aim(now_s)
+    return window is not None and window[0] < now_s
+
+
 def jittered_interval_s(mean_s: float, rng: random.Random) -> float:
     """The wait before the integrator's next power sample: uniform in [0.5, 1.5] x ``mean_s``.
 
@@ -277,16 +290,23 @@ class NvmlSensor:
             wanted = [d for d, (wants, _) in plans if wants]
             if wanted:
                 self._poller.calibrate(wanted, lambda dev: calibrated.add(dev.key))
+                for d in wanted:
+                    d.short_poll_missed = False
             now_s = self._clock()  # those polls may have taken up to a period
             due = {
                 d.key: until_s - now_s
                 for d, (_, until_s) in plans
                 if until_s is not None and d.key not in calibrated and until_s > now_s
             }
-            short = [d for d in counters if due.get(d.key, math.inf) <= SHORT_POLL_MAX_S] if due else []
+            short = [
+                d for d in counters if due.get(d.key, math.inf) <= SHORT_POLL_MAX_S and not _poll_too_late(d, now_s)
+            ]
             if short:
                 limit_s = max(due[d.key] for d in short) + 2 * self.poll_interval_s
+                seen = [d.timing.refreshes_seen for d in short]
                 self._poller.calibrate(short, limit_s=limit_s)
+                for d, before in zip(short, seen, strict=True):
+                    d.short_poll_missed = d.timing.refreshes_seen == before
             if wanted or short:
                 live = self._live()  # a poll may have found a GPU lost
             # Then every GPU is read, back to back, so the readings are of one instant: the agent stamps a

@@ -98,6 +98,8 @@ class GpuDevice:
     instant_live: bool = False
     instant_held: bool = False
     pending_flags: set[str] = field(default_factory=set)
+    # The last short poll (``NvmlSensor.read``) saw no refresh: it came too late for it (``_poll_too_late``).
+    short_poll_missed: bool = False
     timing: CounterTiming = field(default_factory=CounterTiming)
     process_samples: SamplePeriod = field(default_factory=SamplePeriod)
     latency: Latency = field(default_factory=Latency)

@@ -7,6 +7,7 @@ Exit codes: 0 success; 2 a usage or setup problem, reported in one line that say
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import sys
@@ -34,15 +35,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, indent_increment, max_help_position, _help_width() if width is None else width)
 
 
-_HELP_WIDTH: list[int] = []
-
-
+@functools.cache
 def _help_width() -> int:
-    if not _HELP_WIDTH:
-        from wattwatch.table_render import terminal_columns
+    from wattwatch.table_render import terminal_columns
 
-        _HELP_WIDTH.append(terminal_columns(80) - 2)  # argparse's own: shutil's width (fallback 80), less 2
-    return _HELP_WIDTH[0]
+    return terminal_columns(80) - 2  # argparse's own: shutil's width (fallback 80), less 2
 
 
 class _Parser(argparse.ArgumentParser):

@@ -183,11 +183,12 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: Path | None
 
 def _coerce(values: Mapping[str, object], source: str) -> Settings:
     known = set(field_names(Settings))
+    defaults = Settings(home=Path("."))
     kwargs: dict[str, object] = {}
     for name, raw in values.items():
         if name not in known:
             raise ConfigError(f"unknown setting {name!r} in {source}; known: {', '.join(sorted(known))}")
-        default = getattr(Settings(home=Path(".")), name)
+        default = getattr(defaults, name)
         try:
             if isinstance(default, float):
                 value: object = float(raw)  # type: ignore[arg-type]

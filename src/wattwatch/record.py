@@ -70,8 +70,14 @@ def record(cls: type[T]) -> type[T]:
         if isinstance(default, _Factory):
             delattr(cls, n)  # as dataclasses does: the class keeps plain defaults, not factories
     setattr(cls, _FIELDS, tuple(names))
-    methods = {"__init__": scope["__init__"], "__setattr__": _frozen, "__delattr__": _frozen}
-    methods.update(__eq__=_eq, __hash__=_hash, __repr__=_repr)
+    methods = {
+        "__init__": scope["__init__"],
+        "__setattr__": _frozen,
+        "__delattr__": _frozen,
+        "__eq__": _eq,
+        "__hash__": _hash,
+        "__repr__": _repr,
+    }
     for name, method in methods.items():
         setattr(cls, name, method)
     return cls

@@ -60,17 +60,21 @@ def width_for(stream: TextIO | None, requested: int | None = None) -> int | None
     isatty = getattr(stream, "isatty", None)
     if isatty and isatty():
         return terminal_columns()
+    return _columns_env() or DEFAULT_WIDTH
+
+
+def _columns_env() -> int | None:
     columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) > 0 else DEFAULT_WIDTH
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
 
 
 def terminal_columns(fallback: int = DEFAULT_WIDTH) -> int:
     """The terminal's width as ``shutil.get_terminal_size`` gives it (``$COLUMNS`` first, then the terminal on
     standard output), ``fallback`` when neither says. Not through shutil: it imports bz2 and lzma, 1.3 ms of
     a read command's start-up."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+    columns = _columns_env()
+    if columns:
+        return columns
     try:
         return os.get_terminal_size(sys.__stdout__.fileno()).columns or fallback  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):

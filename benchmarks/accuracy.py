@@ -175,7 +175,7 @@ def _codecarbon_version() -> str:
 
 
 def format_report(report: Report, argv: Sequence[str] = ()) -> str:
-    """The command, the tables (markdown, as the README shows them) and the acceptance verdicts, as printed."""
+    """The command, the tables (markdown, as docs/accuracy.md shows them) and the acceptance verdicts, as printed."""
     lines = [command("accuracy.py", argv), ""]
     with_cc = any(isinstance(r.errors.get("CodeCarbon"), float) for r in report.rows)
     cc = f"; {_codecarbon_version()} reads the same fake board through its own pynvml code" if with_cc else ""

@@ -3,7 +3,7 @@
 Starts, all at once, and measures over the same window after a warm-up:
 
 - a real ``wattwatch agent --simulate N --interval S`` pushing to a real ``wattwatch collector`` (both
-  ``python -m wattwatch.cli``, in temporary homes, SQLite), so the push path is included; with
+  ``python -m wattwatch.cli.main``, in temporary homes, SQLite), so the push path is included; with
   ``--metrics`` the agent also serves ``--metrics-listen`` and this script scrapes it every ``--scrape-every`` s;
 - CodeCarbon's ``OfflineEmissionsTracker`` (``measure_power_secs`` = the tick) tracking the same
   simulated boards through the same fake ``pynvml`` (``overhead_workers.py codecarbon``);
@@ -44,7 +44,7 @@ from pathlib import Path
 import psutil
 
 HERE = Path(__file__).resolve().parent
-WATTWATCH = [sys.executable, "-m", "wattwatch.cli"]
+WATTWATCH = [sys.executable, "-m", "wattwatch.cli.main"]
 MB = 1e6
 SAMPLE_EVERY_S = 0.5
 START_TIMEOUT_S = 60.0
@@ -271,7 +271,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> Run:
     try:
         collector = start(
             "wattwatch collector (receives the pushes)",
-            [*WATTWATCH, "collector", "--migrate", "--db", db_url, "--listen", f"127.0.0.1:{col_port}"],
+            [*WATTWATCH, "collector", "--migrate", "--open", "--db", db_url, "--listen", f"127.0.0.1:{col_port}"],
             tmp / "collector.log",
             {**env, "WATTWATCH_HOME": str(tmp / "collector")},
         )

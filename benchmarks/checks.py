@@ -1,4 +1,4 @@
-"""The README's "other checks", each against a truth computed without wattwatch's accounting.
+"""docs/accuracy.md's "other checks", each against a truth computed without wattwatch's accounting.
 
 1. Sharing. Two real child processes tagged only by their environment (``WATTWATCH_JOB``) time-share one
    simulated GPU at 25 % and 70 % SM utilisation, then 80 % and 15 % (changed mid-interval); an agent
@@ -48,7 +48,6 @@ from _sim import SimulatedFleet
 from mdtable import command, paragraph, table
 from realprocs import WATTWATCH, BenchError, clean_env, free_port, wait_for
 
-from wattwatch import wire
 from wattwatch.accounting.attribution import split_interval
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.procfs import ProcFs
@@ -56,6 +55,7 @@ from wattwatch.agent.runner import Agent
 from wattwatch.agent.scrape import parse_target
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.standalone import Collector
 from wattwatch.storage.engine import make_engine
@@ -135,7 +135,7 @@ def quiet(*loggers: str) -> Iterator[None]:
 
 def sharing_once(tmp: Path) -> tuple[float, float]:
     """(measured, exact) share of the shared intervals' energy that went to the ``chat`` job."""
-    with quiet("wattwatch.agent.push", "wattwatch.agent.runner"):
+    with quiet("wattwatch.agent.push", "wattwatch.agent.push_cadence", "wattwatch.agent.runner"):
         return _sharing_once(tmp)
 
 
@@ -235,6 +235,7 @@ def two_hosts_once(tmp: Path, train_s: float) -> tuple[dict[str, float], dict[st
                 "--db",
                 f"sqlite:///{tmp / 'central.db'}",
                 "--migrate",
+                "--open",
                 "--listen",
                 f"127.0.0.1:{port}",
             ],
@@ -339,7 +340,7 @@ def scrape_once(tmp: Path) -> tuple[float, float]:
     script.write_text(FAKE_VLLM)
     server = subprocess.Popen([sys.executable, str(script), "serve", "fake-model", "--port", str(port)])
     collector_settings = Settings(home=tmp / "collector", listen=f"127.0.0.1:{col_port}")
-    collector = Collector(collector_settings, migrate=True)
+    collector = Collector(collector_settings, migrate=True, open_local=True)
     collector.start()
     try:
         wait_for(lambda: server.poll() is None and listening(port), 30, "the fake vLLM server")

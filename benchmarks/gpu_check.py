@@ -11,7 +11,7 @@ the GPU is a matrix-multiply load (torch if importable, else cupy, else no load)
 4. how long NVML calls take (counter, POWER_INSTANT, PowerUsage, process list; 200 of each);
 5. what wattwatch's NvmlSensor learned about the same GPU in the same run (refresh period and phase,
    live or held instant power, per-process sample period, call latency; ``NvmlSensor.timing()``, as
-   ``wattwatch doctor`` prints it), beside the raw figures of 2-4: a markdown table for the README;
+   ``wattwatch doctor`` prints it), beside the raw figures of 2-4: a markdown table for docs/accuracy.md;
 6. a steady load (20 s) and a bursty one (10 s, 50 ms on / 50 ms off) each measured at once by
    wattwatch's NvmlSensor boundary reads, POWER_INSTANT at 10 Hz (trapezoid), POWER_INSTANT at
    ~100 Hz jittered (wattwatch's power-only path), and nvmlDeviceGetPowerUsage at 1 Hz x 1 s.
@@ -633,7 +633,7 @@ def timing_rows(report: dict[str, Any]) -> list[list[str]]:
 
 
 def timing_table(report: dict[str, Any], argv: list[str]) -> str:
-    """The command, a caption and the raw-vs-learned timings as markdown (for the README)."""
+    """The command, a caption and the raw-vs-learned timings as markdown (for docs/accuracy.md)."""
     dev = report["device"]
     where = "a simulated board" if report.get("simulated") else "a real GPU"
     lines = [

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mdtable import command, paragraph, table
 
-from wattwatch import wire
+from wattwatch.protocol import wire
 from wattwatch.storage import migrate
 from wattwatch.storage.engine import make_engine, normalize_url
 from wattwatch.storage.repository import build_report, ingest_batch

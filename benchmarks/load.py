@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mdtable import command, paragraph, table
 
-from wattwatch import wire
+from wattwatch.protocol import wire
 
 PG_DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 GPUS = 8
@@ -263,8 +263,8 @@ def start_collector(
     """``wattwatch collector`` (with ``extra`` options) on a free loopback port, migrated and answering;
     (process, port)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "wattwatch.cli", "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}"]
-    cmd += ["--migrate", *extra] + (["--workers", str(workers)] if workers != 1 else [])
+    cmd = [sys.executable, "-m", "wattwatch.cli.main", "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}"]
+    cmd += ["--migrate", "--open", *extra] + (["--workers", str(workers)] if workers != 1 else [])
     env = {**os.environ, "WATTWATCH_HOME": str(home)}
     log = open(home / "collector.log", "wb")  # noqa: SIM115 - the process keeps it
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

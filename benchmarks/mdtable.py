@@ -1,6 +1,6 @@
 """How the benchmarks print their results: the command that produced them, then a markdown table.
 
-The README's tables are pasted from this output unchanged, so a figure in the README always has a
+The tables in docs/ are pasted from this output unchanged, so a figure in the docs always has a
 command next to it that prints it again.
 """
 
@@ -17,7 +17,7 @@ def command(script: str, argv: Sequence[str]) -> str:
 
 
 def caption(text: str, width: int = 105) -> str:
-    """A paragraph wrapped as the README wraps its prose."""
+    """A paragraph wrapped as the docs wrap their prose."""
     return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 

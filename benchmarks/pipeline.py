@@ -1,5 +1,5 @@
-"""The whole pipeline with real processes, against the simulator's exact integral: the README's "Whole
-pipeline" and "Setup energy" tables.
+"""The whole pipeline with real processes, against the simulator's exact integral: docs/accuracy.md's
+"Whole pipeline" tables.
 
 ``--part pipeline``: ``wattwatch up --simulate 4 --interval 2``; ``wattwatch run`` holds GPUs 0 and 1 for a
 6 s training command while an SDK inference server on GPU 2 serves 12 queries (about 4.7 s); then a 0.3 s SDK

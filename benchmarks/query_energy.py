@@ -47,9 +47,9 @@ from exact_split import exact_request_energy, quantile
 from ingest import pg_scratch
 from mdtable import command, paragraph, percent, table
 
-from wattwatch import wire
 from wattwatch.accounting.spans import split_job_energy
 from wattwatch.agent.sampler import Sampler
+from wattwatch.protocol import wire
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sim.clock import FakeClock
 from wattwatch.sim.fleet import SimulatedFleet

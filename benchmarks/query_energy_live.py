@@ -77,7 +77,7 @@ def run_once(tmp: Path, seconds: float, fine_interval_s: float) -> dict[str, flo
         [
             sys.executable,
             "-m",
-            "wattwatch.cli",
+            "wattwatch.cli.main",
             "up",
             "--simulate",
             "1",

@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from wattwatch.storage.engine import normalize_url
 
-WATTWATCH = [sys.executable, "-m", "wattwatch.cli"]
+WATTWATCH = [sys.executable, "-m", "wattwatch.cli.main"]
 PG_DEFAULT_URL = os.environ.get("WATTWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 

@@ -130,7 +130,7 @@ def _fill_raw(conn: Any, intervals: int, dev_rows: list[dict[str, Any]], now_s: 
     """``intervals`` raw intervals in ``raw_batches`` rows made by ``raw_batches.batch_row`` (the encoding
     ingest uses), a device's energy varying second to second as measured energy does, so the compressed
     size is not flattered by repetition."""
-    from wattwatch import wire
+    from wattwatch.protocol import wire
     from wattwatch.storage import raw_batches
     from wattwatch.storage.tables import raw_batches as raw_table
 

@@ -40,7 +40,7 @@ from load import start_collector
 from mdtable import command, paragraph, table
 
 TARGET_MS = 200.0
-WATTWATCH = [sys.executable, "-m", "wattwatch.cli"]
+WATTWATCH = [sys.executable, "-m", "wattwatch.cli.main"]
 
 
 def median_ms(argv: Sequence[str], env: dict[str, str], repeat: int) -> float:

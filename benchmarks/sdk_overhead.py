@@ -61,7 +61,7 @@ def loop_ns(make: Callable[[], contextlib.AbstractContextManager[Any]], spans: i
 def worker(spans: int, repeats: int) -> dict[str, Any]:
     """In a fresh interpreter homed where the caller says: the baseline and each SDK span, timed."""
     import wattwatch
-    from wattwatch import sdk
+    from wattwatch.sdk import client as sdk_client
 
     makers: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
         "baseline": trivial,
@@ -77,7 +77,7 @@ def worker(spans: int, repeats: int) -> dict[str, Any]:
                 gc.collect()
                 result[key].append(loop_ns(make, spans))
     # How many spans the sender handed to the agent's socket (the SDK's private counters; a check only).
-    client = sdk._client
+    client = sdk_client._client
     buffer = client._spans if client is not None else None
     if buffer is not None:
         buffer.flush(timeout_s=60)

@@ -30,17 +30,16 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from wattwatch import wire
 from wattwatch.accounting.attribution import split_interval
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
-from wattwatch.record import replace
+from wattwatch.protocol import wire
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.visible import resolve_visible
 from wattwatch.sim.clock import FakeClock

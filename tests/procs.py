@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import unavailable
 
-WATTWATCH = [sys.executable, "-m", "wattwatch.cli"]
+WATTWATCH = [sys.executable, "-m", "wattwatch.cli.main"]
 
 
 def free_port() -> int:
@@ -63,7 +63,7 @@ def promtool_check(text: str, camel_case_labels: Iterable[str] = ()) -> None:
 
 def cli_outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """Run ``wattwatch`` in-process as a user would type it: (exit code, stdout, stderr); never a traceback."""
-    from wattwatch.cli import main
+    from wattwatch.cli.main import main
 
     try:
         code = main(argv)

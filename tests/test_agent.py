@@ -8,19 +8,19 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import wattwatch
-from wattwatch import wire
 from wattwatch.agent.jobs import ActiveJob, CpuTimeMeter, JobRegistry
 from wattwatch.agent.runner import Agent, tick_interval_s
 from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
-from wattwatch.record import replace
+from wattwatch.protocol import wire
 from wattwatch.sdk import AgentClient
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.rapl import RaplSensor
@@ -271,9 +271,9 @@ def test_second_agent_on_the_same_socket_is_refused(tmp_path: Path) -> None:
 
 
 def test_sdk_is_a_noop_with_one_warning_when_no_agent(tmp_path: Path) -> None:
-    import wattwatch.sdk as sdk
+    from wattwatch.sdk import notices
 
-    sdk._warned = False
+    notices._warned = False
     client = AgentClient(tmp_path / "nothing.sock")
     ran = threading.Event()
     with warnings.catch_warnings(record=True) as caught:
@@ -356,8 +356,9 @@ def test_sdk_batches_spans_without_blocking_and_flushes_them_before_the_job_ends
 
 def test_span_buffer_keeps_spans_while_the_agent_is_away_and_delivers_them_later(tmp_path: Path) -> None:
     import wattwatch.sdk as sdk
+    from wattwatch.sdk import notices
 
-    sdk._warned = True  # this test is about delivery, not the warning
+    notices._warned = True  # this test is about delivery, not the warning
     client = AgentClient(tmp_path / "agent.sock")
     now = time.time()
     for _ in range(10):
@@ -377,9 +378,10 @@ def test_span_buffer_keeps_spans_while_the_agent_is_away_and_delivers_them_later
 
 def test_record_span_never_raises_into_the_workload(tmp_path: Path) -> None:
     import wattwatch.sdk as sdk
+    from wattwatch.sdk import notices
 
-    sdk._warned = False
-    sdk._refused.clear()  # the first refusal of a reason warns
+    notices._warned = False
+    notices._refused.clear()  # the first refusal of a reason warns
     client = AgentClient(tmp_path / "nothing.sock")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -427,7 +429,7 @@ def test_the_tick_is_clamped_to_the_rapl_wrap_limit(tmp_path: Path, caplog: pyte
 
 
 def test_queries_on_worker_threads_belong_to_the_job_the_main_thread_opened(tmp_path: Path) -> None:
-    import wattwatch.sdk as sdk
+    from wattwatch.sdk import jobs as sdk_jobs
 
     agent, _ = make_agent(tmp_path)
     agent.start()
@@ -444,7 +446,7 @@ def test_queries_on_worker_threads_belong_to_the_job_the_main_thread_opened(tmp_
             worker.start()
             worker.join(timeout=10)
         assert done == ["served"]
-        assert sdk._open_jobs == []
+        assert sdk_jobs._open_jobs == []
         wait_for(lambda: agent.registry.get("srv-1") is None)
         batches = drain(agent)
     finally:

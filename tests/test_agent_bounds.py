@@ -25,14 +25,14 @@ from sqlalchemy import Engine, select
 import wattwatch
 import wattwatch.sdk as sdk
 from test_agent import make_agent, wait_for
-from wattwatch import limits, wire
 from wattwatch.agent.jobs import ActiveJob
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.collector import create_app
 from wattwatch.collector.bodies import QueriesIn
 from wattwatch.config import Settings
-from wattwatch.sdk import AgentClient
+from wattwatch.protocol import limits, wire
+from wattwatch.sdk import AgentClient, notices
 from wattwatch.storage.tables import jobs, queries
 
 
@@ -99,7 +99,7 @@ def test_the_socket_drops_a_bad_span_alone_counts_it_and_the_batch_lands(
 def test_the_sdk_refuses_at_the_source_warns_once_per_reason_and_the_rest_flows(
     agent: Agent, db_engine: Engine, tmp_path: Path
 ) -> None:
-    sdk._refused.clear()
+    notices._refused.clear()
     client = AgentClient(agent.settings.socket_path)
     labels = {"team": "nlp", "big": "x" * (limits.MAX_LABEL_VALUE_CHARS + 1), "nul": "a\x00b"}
     with warnings.catch_warnings(record=True) as caught:

@@ -20,12 +20,12 @@ from prometheus_client.samples import Sample
 
 from procs import WATTWATCH, free_port, promtool_check, wait_for
 from test_agent import LinearSensor
-from wattwatch import wire
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.runner import Agent
-from wattwatch.cli import main
+from wattwatch.cli.main import main
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.protocol import wire
 from wattwatch.sensors.base import Sensor
 from wattwatch.sensors.nvml import NvmlSensor, resolve_visible
 from wattwatch.sim.fleet import SimulatedFleet
@@ -227,7 +227,9 @@ def test_spool_grows_while_the_collector_is_away_then_drains_into_a_real_one(
         # A batch the collector cannot decode is refused for good and set aside, not retried.
         agent.spool.put(agent.spool.next_seq(), b"not a batch", time.time())
         collector = Collector(
-            Settings(home=tmp_path / "c", db_url=sqlite_url, listen=f"127.0.0.1:{port}"), migrate=False
+            Settings(home=tmp_path / "c", db_url=sqlite_url, listen=f"127.0.0.1:{port}"),
+            migrate=False,
+            open_local=True,
         )
         collector.start()
         before_s = time.time()
@@ -268,6 +270,7 @@ def _env(home: Path) -> dict[str, str]:
     return {**os.environ, "WATTWATCH_HOME": str(home), "WATTWATCH_METRICS_LISTEN": ""}
 
 
+@pytest.mark.slow
 def test_agent_process_serves_every_family_and_promtool_accepts_them(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
@@ -304,6 +307,7 @@ def test_agent_process_serves_every_family_and_promtool_accepts_them(tmp_path: P
     promtool_check(text, camel_case_labels=DCGM_LABELS)
 
 
+@pytest.mark.slow
 def test_up_serves_the_agent_metrics_and_pushes_show_there(tmp_path: Path) -> None:
     port, metrics_port = free_port(), free_port()
     url = f"http://127.0.0.1:{metrics_port}/metrics"

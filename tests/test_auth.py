@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import OperationalError
 
 from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
-from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
-from wattwatch.record import replace
+from wattwatch.protocol import wire
 from wattwatch.storage import tokens
 from wattwatch.storage.tables import api_tokens, hosts, jobs
 
@@ -176,20 +175,68 @@ def test_admin_and_the_static_token_may_do_everything(settings: Settings, db_eng
         assert post_batch(c, one_batch(3), "s3cret-wrong").status_code == 401
 
 
-def test_open_until_a_token_exists_then_closed(client: TestClient, db_engine: Engine, settings: Settings) -> None:
-    assert post_batch(client, one_batch(1)).status_code == 200  # no token anywhere: open, as before
+def test_open_until_a_token_exists_and_never_again(client: TestClient, db_engine: Engine, settings: Settings) -> None:
+    assert post_batch(client, one_batch(1)).status_code == 200  # an embedded app, no token ever: open
     assert client.get("/metrics").status_code == 200
     token_id, token = tokens.create_token(db_engine, "reader")
     assert client.get("/metrics").status_code == 401
     assert post_batch(client, one_batch(2)).status_code == 401
     assert client.get("/metrics", headers=bearer(token)).status_code == 200
     tokens.revoke_token(db_engine, str(token_id))
-    assert client.get("/metrics", headers=bearer(token)).status_code == 200  # none left: open again
-    # A collector listening beyond loopback stays closed even when the last token is revoked.
-    app = create_app(settings, db_engine, span_energy_interval_s=None, token_refresh_s=0.0, auth_required=True)
-    with TestClient(app) as c:
-        assert c.get("/metrics").status_code == 401
+    # The last token revoked: still closed, to everyone, with the token and without.
+    assert client.get("/metrics", headers=bearer(token)).status_code == 401
+    r = post_batch(client, one_batch(3))
+    assert (r.status_code, r.json()["field"]) == (401, "Authorization")
+    assert "Bearer" in r.json()["error"]
+    # A collector started later on the same database is closed from the start, --open or not.
+    for anonymous in ("anyone", "loopback"):
+        app = create_app(settings, db_engine, span_energy_interval_s=None, anonymous=anonymous, periodic=False)
+        with TestClient(app, client=("127.0.0.1", 50000)) as c:
+            assert post_batch(c, one_batch(4)).status_code == 401, anonymous
+            assert c.get("/healthz").status_code == 200
+
+
+def _app(settings: Settings, db_engine: Engine, anonymous: str) -> Any:
+    return create_app(
+        settings, db_engine, span_energy_interval_s=None, token_refresh_s=0.0, anonymous=anonymous, periodic=False
+    )
+
+
+def test_closed_by_default_names_the_way_in(settings: Settings, db_engine: Engine) -> None:
+    with TestClient(_app(settings, db_engine, "nobody"), client=("127.0.0.1", 50000)) as c:
+        r = post_batch(c, one_batch(1))
+        assert (r.status_code, r.json()["field"]) == (401, "Authorization")
+        assert "wattwatch token create" in r.json()["error"] and "--open" in r.json()["error"]
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert c.get("/api/v1/report").status_code == 401
+        assert c.post("/api/v1/jobs", json={"id": "j", "name": "n", "host": "h1"}).status_code == 401
         assert c.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("peer", "headers", "status"),
+    [
+        ("127.0.0.1", {}, 200),
+        ("::1", {}, 200),
+        ("::ffff:127.0.0.1", {}, 200),
+        ("10.1.2.3", {}, 401),
+        ("testclient", {}, 401),  # not an address: nothing says it is local
+        # A reverse proxy on this host connects from loopback for callers anywhere.
+        ("127.0.0.1", {"X-Forwarded-For": "127.0.0.1"}, 401),
+        ("127.0.0.1", {"Forwarded": "for=127.0.0.1"}, 401),
+        ("127.0.0.1", {"X-Real-IP": "127.0.0.1"}, 401),
+    ],
+)
+def test_open_means_this_machine_straight_to_the_collector(
+    settings: Settings, db_engine: Engine, peer: str, headers: dict[str, str], status: int
+) -> None:
+    with TestClient(_app(settings, db_engine, "loopback"), client=(peer, 50000)) as c:
+        r = c.post("/api/v1/ingest", content=wire.encode(one_batch(1)), headers=headers)
+        assert r.status_code == status, r.text
+        assert c.get("/api/v1/report", headers=headers).status_code == status
+        if status == 401:
+            assert r.json()["field"] == "Authorization"
+            assert "this machine only" in r.json()["error"] and "X-Forwarded-For" in r.json()["error"]
 
 
 def test_last_used_is_recorded(client: TestClient, db_engine: Engine, made: Tokens) -> None:

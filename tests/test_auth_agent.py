@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
 from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
-from wattwatch import wire
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import tokens
 from wattwatch.storage.tables import hosts

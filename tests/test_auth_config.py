@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from wattwatch.cli import _settings_from, build_parser
+from wattwatch.cli.main import build_parser
+from wattwatch.cli.settings import settings_from as _settings_from
 from wattwatch.config import load_settings, resolve_token
 from wattwatch.errors import ConfigError
 
@@ -55,7 +56,7 @@ def test_the_command_line_beats_the_environment(tmp_path: Path, monkeypatch: pyt
 
 @pytest.mark.parametrize("action", ["create", "list", "revoke"])
 def test_token_actions_have_help_with_examples(action: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from wattwatch.cli import main
+    from wattwatch.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["token", action, "--help"])

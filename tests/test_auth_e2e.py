@@ -140,11 +140,13 @@ def test_a_collector_beyond_loopback_without_a_token_refuses_to_start(sqlite_url
         stop(proc)
 
 
-def test_allow_open_and_loopback_stay_open(sqlite_url: str, tmp_path: Path) -> None:
+def test_allow_open_starts_beyond_loopback_but_takes_nobody_anonymous_from_elsewhere(
+    sqlite_url: str, tmp_path: Path
+) -> None:
     env = env_for(tmp_path / "home")
     port = free_port()
     proc = subprocess.Popen(
-        [*WATTWATCH, "collector", "--db", sqlite_url, "--listen", f"0.0.0.0:{port}", "--allow-open"],
+        [*WATTWATCH, "collector", "--db", sqlite_url, "--listen", f"0.0.0.0:{port}", "--allow-open", "--open"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -152,7 +154,9 @@ def test_allow_open_and_loopback_stay_open(sqlite_url: str, tmp_path: Path) -> N
     )
     try:
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz", proc), 30.0, "the collector to listen")
-        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 200  # this machine, --open
+        proxied = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"X-Forwarded-For": "127.0.0.1"})
+        assert (proxied.status_code, proxied.json()["field"]) == (401, "Authorization")
     finally:
         stop(proc)
 
@@ -248,6 +252,7 @@ def https_collector(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[str, Path
         stop(proc)
 
 
+@pytest.mark.slow
 def test_agent_to_collector_over_https_with_a_custom_ca(
     https_collector: tuple[str, Path, dict[str, Path]], sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -314,9 +319,12 @@ def test_tls_flags_name_what_is_wrong(tmp_path: Path, sqlite_url: str) -> None:
 # --- a cloned spool, two real agents -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_agents_on_one_cloned_spool(sqlite_url: str, tmp_path: Path) -> None:
     port = free_port()
-    collector = Collector(Settings(home=tmp_path / "c", db_url=sqlite_url, listen=f"127.0.0.1:{port}"), migrate=False)
+    collector = Collector(
+        Settings(home=tmp_path / "c", db_url=sqlite_url, listen=f"127.0.0.1:{port}"), migrate=False, open_local=True
+    )
     collector.start()
     agent_cmd = [*WATTWATCH, "agent", "--simulate", "1", "--interval", "0.2", "--collector", collector.url]
     try:
@@ -360,6 +368,7 @@ def test_two_agents_on_one_cloned_spool(sqlite_url: str, tmp_path: Path) -> None
     assert "belongs to host 'h1', but this batch comes from host 'h2'" in loud[0]
 
 
+@pytest.mark.slow
 def test_up_keeps_pushing_once_tokens_exist_and_then_requires_them(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = env_for(home)
@@ -381,6 +390,7 @@ def test_up_keeps_pushing_once_tokens_exist_and_then_requires_them(tmp_path: Pat
         ok = httpx.get(f"{url}/api/v1/report", headers={"Authorization": f"Bearer {reader}"}, timeout=5)
         assert ok.status_code == 200 and ok.json()["idle"]
     finally:
-        _, err = stop(proc)
+        out, err = stop(proc)
     assert proc.returncode == 0, err
     assert "refused our token" not in err
+    assert "--open: requests from this machine need no token until one exists" in out  # its banner says so

@@ -4,8 +4,8 @@ in test_nvml_timing.py)."""
 
 from __future__ import annotations
 
-from wattwatch import wire
 from wattwatch.agent.backfill import Backfill
+from wattwatch.protocol import wire
 
 GPUS = frozenset({"gpu0", "gpu1"})
 

@@ -1,10 +1,14 @@
-"""Reduced runs of the benchmarks whose tables the README shows: each prints its command line, then a
-markdown table of finite figures; and the truth they measure against is computed without wattwatch."""
+"""Reduced runs of the benchmarks whose tables the documentation shows (docs/accuracy.md, docs/performance.md
+and the pages they link): each prints its command line, then a markdown table of finite figures, whose header
+is the one the docs show; and the truth they measure against is computed without wattwatch. Every benchmark
+command the docs show names a script that exists and takes the options shown."""
 
 from __future__ import annotations
 
 import math
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +27,8 @@ import query_energy_live
 from wattwatch.sim.fleet import SimulatedFleet
 
 T0 = 1_700_000_000.0
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
 
 
 def tables(out: str) -> list[list[list[str]]]:
@@ -55,6 +61,43 @@ def check_table(table: list[list[str]], header: tuple[str, ...], n_rows: int) ->
         assert len(row) == len(header)
         values = figures(row[1:])
         assert values and all(math.isfinite(v) for v in values), row
+
+
+def docs_headers() -> set[tuple[str, ...]]:
+    """The header row of every markdown table in the docs (README and docs/), where the figures live."""
+    pages = [REPO / "README.md", *DOCS.rglob("*.md")]
+    return {tuple(t[0]) for page in pages for t in tables(page.read_text())}
+
+
+def assert_docs_show(header: tuple[str, ...]) -> None:
+    """A script's table appears in the docs with the same columns, so the pasted figures match its output."""
+    assert header in docs_headers(), f"no table in docs/ has the columns {header}: re-run the script, paste it"
+
+
+def docs_commands() -> list[tuple[str, list[str]]]:
+    """(script, arguments) of every ``python benchmarks/NAME.py ...`` command the docs show."""
+    found = []
+    for page in [REPO / "README.md", *DOCS.glob("*.md")]:
+        for m in re.finditer(r"`(?:PYTHONPATH=\S+ )?python benchmarks/(\w+)\.py([^`]*)`", page.read_text()):
+            found.append((m.group(1), shlex.split(m.group(2).replace("\n", " "))))
+    return found
+
+
+def test_every_benchmark_command_in_the_docs_runs_as_shown() -> None:
+    commands = docs_commands()
+    assert len({name for name, _ in commands}) >= 10, commands  # the docs show most of the scripts
+    helps: dict[str, str] = {}
+    for name, args in commands:
+        script = REPO / "benchmarks" / f"{name}.py"
+        assert script.exists(), f"the docs show benchmarks/{name}.py, which does not exist"
+        if name not in helps:
+            done = subprocess.run(
+                [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO
+            )
+            assert done.returncode == 0, f"{name}.py --help: {done.stderr}"
+            helps[name] = done.stdout
+        for option in (a.split("=")[0] for a in args if a.startswith("--")):
+            assert option in helps[name], f"the docs run benchmarks/{name}.py {option}, which it does not take"
 
 
 # -- the truth ------------------------------------------------------------------------------------
@@ -111,6 +154,7 @@ def test_query_energy_accuracy_prints_its_table(capsys: pytest.CaptureFixture[st
     assert "computed without wattwatch" in " ".join(out.split())  # the caption says what it is against
     (table,) = tables(out)
     check_table(table, query_energy.ACCURACY_HEADER, 2)
+    assert_docs_show(tuple(table[0]))
     one_s, fine = (figures(row[1:]) for row in table[1:])
     assert abs(fine[2]) < abs(one_s[2])  # shorter intervals: closer per query (the median error)
     assert all(abs(x) < 50 for x in fine[:4])  # percent: the figures are errors, not raw joules
@@ -121,6 +165,8 @@ def test_query_energy_cost_prints_its_tables(capsys: pytest.CaptureFixture[str])
     pure, db = tables(capsys.readouterr().out)
     check_table(pure, ("intervals", "10k spans"), 2)
     check_table(db, ("database", "spans", "ingest", "backlog pass", "per 10k spans", "pass every 10 s"), 1)
+    assert_docs_show(tuple(pure[0]))
+    assert_docs_show(tuple(db[0]))
 
 
 def test_ingest_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,8 +175,10 @@ def test_ingest_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("`python benchmarks/ingest.py --batches 2 --intervals 100 --sqlite-only`")
     (table,) = tables(out)
     check_table(table, ("database", "decode/s", "ingest/s", "baseline/s", "ingest ÷ baseline", "report"), 1)
+    assert_docs_show(tuple(table[0]))
 
 
+@pytest.mark.slow
 def test_query_energy_live_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert query_energy_live.main(["--seconds", "3", "--fine-intervals", "0.1"]) == 0
     out = capsys.readouterr().out
@@ -139,6 +187,7 @@ def test_query_energy_live_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     (table,) = tables(out)
     header = ("intervals", "queries", "p50 J/query", "p95 J/query", "per-query error, median")
     check_table(table, (*header, "per-query error, p95", "sum"), 1)
+    assert_docs_show(tuple(table[0]))
     assert table[1][0] == "fine tick 0.1 s" and int(table[1][1]) > 0
 
 

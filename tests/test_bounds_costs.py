@@ -15,9 +15,9 @@ from sqlalchemy import Engine, select
 
 from procs import free_port, wait_for
 from test_storage import T0, batch, iv
-from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 from wattwatch.storage.span_energy import compute_span_energy

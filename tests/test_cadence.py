@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,14 +20,13 @@ import pytest
 
 from test_agent import LinearSensor, wait_for
 from test_restart import BRIDGED, POWER_W, batches, crash, make_agent, start_job, write_boot_id, write_proc
-from wattwatch import wire
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.requests import Refusals
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
-from wattwatch.record import replace
+from wattwatch.protocol import wire
 from wattwatch.sim.clock import FakeClock
 
 
@@ -173,9 +173,7 @@ def test_a_crash_loses_no_staged_tick(tmp_path: Path) -> None:
     first.start()
     # No pushes here: the push thread, woken by the job's start, would seal whatever is staged when it gets
     # to run (late, on a loaded machine), and the staged ticks would not be what the crash leaves.
-    first._push_halt.set()
-    first._push_wake.set()
-    first._push_thread.join(timeout=10)
+    first._pushes.stop(timeout_s=10)
     start_job(first, "train", 500, "0")
     for _ in range(3):
         clock.t_s += 1.0
@@ -236,7 +234,7 @@ def test_a_push_interval_that_is_not_a_positive_number_is_refused(tmp_path: Path
 )
 def test_the_cli_refuses_a_bad_push_interval_in_one_line(tmp_path: Path, argv: list[str], env: dict[str, str]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "wattwatch.cli", "agent", "--simulate", "1", *argv],
+        [sys.executable, "-m", "wattwatch.cli.main", "agent", "--simulate", "1", *argv],
         env={**_env(), "WATTWATCH_HOME": str(tmp_path), **env},
         capture_output=True,
         text=True,

@@ -1,7 +1,7 @@
 """Carbon and cost per host (issue 11): each host's energy at its grid's intensity from codecarbon's data,
 through the real collector (ingest, report API) and the `wattwatch report` CLI on SQLite and PostgreSQL.
 
-The expected intensities are read here from codecarbon's own data files, not through wattwatch.grid, so
+The expected intensities are read here from codecarbon's own data files, not through wattwatch.carbon.grid, so
 the truth does not come from the code under test.
 """
 
@@ -26,11 +26,11 @@ from sqlalchemy import Engine
 
 from procs import WATTWATCH
 from test_storage import GPUS, WIDE_WINDOW_S, iv
-from wattwatch import wire
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.spool import Spool
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.sim.clock import FakeClock
 
 T = 1_700_000_000.0
@@ -169,7 +169,7 @@ def test_a_job_on_both_hosts_emits_each_hosts_share_at_its_own_intensity(client:
 def test_collector_override_and_default_region(settings: Settings, db_engine: Engine) -> None:
     """The collector's per-host override beats what the agent sent; its own region covers hosts sending none;
     a cloud region takes codecarbon's cloud figure."""
-    from wattwatch.record import replace
+    from dataclasses import replace
 
     tuned = replace(settings, grid_region="DEU", grid_regions="ohio-*=gcp:us-west1")
     with app_client(tuned, db_engine) as client:
@@ -264,7 +264,7 @@ def test_without_codecarbons_data_a_region_falls_back_to_the_config_default_and_
     (tmp_path / "codecarbon").mkdir()
     (tmp_path / "codecarbon" / "__init__.py").write_text("")
     code = (
-        "from wattwatch import carbon_policy as c, grid;"
+        "from wattwatch.carbon import grid, policy as c;"
         "p = c.CarbonPolicy(default_g_per_kwh=321.0);"
         "i = p.intensity('h1', 'FRA'); print(grid.data_installed(), i.g_per_kwh, i.source, sep='|')"
     )
@@ -305,6 +305,7 @@ def test_a_later_batch_without_a_region_keeps_the_hosts_region(client: TestClien
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_demo_with_a_region_charges_codecarbons_figure_end_to_end(tmp_path: Path) -> None:
     """A real `wattwatch demo` (agent, wire, collector, database, report) with WATTWATCH_GRID_REGION=FR."""
     from procs import free_port

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wattwatch import wire
-from wattwatch.cli import main
+from wattwatch.cli.main import main
+from wattwatch.protocol import wire
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 
@@ -145,7 +145,7 @@ def test_run_without_an_agent_still_runs_the_command_and_keeps_its_exit_code(hom
         [
             sys.executable,
             "-m",
-            "wattwatch.cli",
+            "wattwatch.cli.main",
             "run",
             "--kind",
             "training",

@@ -67,6 +67,7 @@ def test_db_upgrade_says_what_it_did(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 0 and f"upgraded {old_url} from revision {older} to {head}" in out
 
 
+@pytest.mark.slow
 def test_demo_suggests_a_report_that_reads_its_database(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.db'}"
     env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "home")}

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine
 
 from procs import WATTWATCH, cli_outcome, free_port, wait_for
-from wattwatch import wire
+from wattwatch.protocol import wire
 from wattwatch.storage import repository
 
 NOW = time.time()
@@ -103,7 +103,7 @@ def running_collector(db_url: str, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "collector.log"
     env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "chome")}
     proc = subprocess.Popen(
-        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}"],
+        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--open"],
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

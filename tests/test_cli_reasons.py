@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from wattwatch import wire
-from wattwatch.cli import main
+from wattwatch.cli.main import main
+from wattwatch.protocol import wire
 from wattwatch.storage import repository
 
 NOW = time.time()

@@ -67,7 +67,7 @@ def test_run_says_the_job_id_at_start_and_a_summary_at_exit(up: Up) -> None:
     # `run` stayed to print the summary after the job ended; it is no GPU process of the job's, so no after
     # phase holds the GPU meanwhile (the simulator lists its pid for the job).
     assert job["after_energy_j"] is None and job["phases"] == []
-    from wattwatch.report import format_energy
+    from wattwatch.reporting.render import format_energy
 
     assert f"done: {format_energy(job['energy_j'])} in " in lines[-1]
 
@@ -110,6 +110,7 @@ def test_a_job_that_held_no_gpu_says_why_at_exit_and_in_every_format(up: Up) -> 
 STEPS = "import time, wattwatch\nfor _ in range(5):\n    with wattwatch.step():\n        time.sleep(0.2)\n"
 
 
+@pytest.mark.slow
 def test_the_summary_gives_energy_per_step_when_the_job_marks_steps(up: Up) -> None:
     # The collector computes per-step energy in a pass every 10 s: the summary waits for it (bounded).
     out = wattwatch_run(up, "--summary-wait", "60", "--kind", "training", "--", sys.executable, "-c", STEPS, cvd="1")

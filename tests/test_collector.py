@@ -6,6 +6,7 @@ import gzip
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,10 @@ from sqlalchemy import Engine
 
 from procs import promtool_check
 from test_storage import T0, WIDE_WINDOW_S, batch, iv, row_counts
-from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
-from wattwatch.record import replace
+from wattwatch.protocol import wire
 from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine

@@ -26,14 +26,14 @@ from schemathesis.config import SchemathesisConfig
 from sqlalchemy import Engine
 
 from test_storage import CPU, GPUS, T0, batch, iv
-from wattwatch import limits, wire
 from wattwatch.collector import create_app
 from wattwatch.collector.contract import BEARER, OPEN_PATHS, PATTERN_HINTS, SINCE_PATTERN
 from wattwatch.config import Settings
+from wattwatch.protocol import limits, wire
+from wattwatch.protocol.units import JOB_KINDS
 from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import migrate, tokens
 from wattwatch.storage.engine import make_engine
-from wattwatch.units import JOB_KINDS
 
 MAX_EXAMPLES = int(os.environ.get("WATTWATCH_CONTRACT_EXAMPLES", "60"))
 SEED = int(os.environ.get("WATTWATCH_CONTRACT_SEED", "1"))

@@ -28,7 +28,8 @@ from dashboard_queries import ROOT, Query, load_dashboards, queries, substitute,
 from procs import WATTWATCH, free_port, wait_for
 from test_e2e import Up, start_up
 
-pytestmark = pytest.mark.e2e
+# slow: a real Prometheus scraping live agents and evaluating every dashboard query and rule
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 

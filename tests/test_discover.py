@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from wattwatch import wire
 from wattwatch.agent.discover import ProcessClassifier, match_command, pod_uid_from_cgroups
 from wattwatch.agent.jobs import DISCOVERED_BY
 from wattwatch.agent.kubelet import KubeletPods
@@ -21,6 +20,7 @@ from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.protocol import wire
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sim.fleet import SimulatedFleet
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from wattwatch.doctor import run_doctor
+from wattwatch.cli.doctor import run_doctor
 from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.sim.generations import H100
 

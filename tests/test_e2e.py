@@ -213,6 +213,7 @@ def test_up_run_sdk_report_matches_simulator_sqlite(up_factory: Callable[..., Up
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_up_run_sdk_report_matches_simulator_postgres(up_factory: Callable[..., Up], pg_url: str) -> None:
     up = up_factory(pg_url, "--interval", "2")
     run_jobs(up)

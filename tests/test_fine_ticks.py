@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from wattwatch import wire
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.runner import Agent
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.protocol import wire
 from wattwatch.sensors.discovery import discover
 from wattwatch.sim.fleet import SimulatedFleet
 
@@ -62,10 +62,14 @@ def test_intervals_are_fine_while_query_spans_arrive_and_normal_after_the_hold(t
             assert agent.fine_ticking
             time.sleep(0.05)
         last_s = time.time()
-        # Back to the normal tick: an interval starting after the hold is about interval_s long.
-        wait_for(
-            lambda: any(iv.t_start_s > last_s + 1.0 and iv.t_end_s - iv.t_start_s > 0.8 for iv in gpu0_intervals(agent))
-        )
+
+        def after_the_hold(intervals: list[wire.Interval]) -> list[wire.Interval]:
+            # The hold (1 s) ends 1 s after the last span; the fine interval open then closes within a fine
+            # tick (0.1 s); from there on the agent ticks every interval_s. 0.2 s covers that last fine tick.
+            return [iv for iv in intervals if iv.t_start_s > last_s + 1.2]
+
+        # Wait for the intervals asserted on below: at least one closed after the hold.
+        wait_for(lambda: bool(after_the_hold(gpu0_intervals(agent))))
         assert not agent.fine_ticking
         intervals = gpu0_intervals(agent)
     finally:
@@ -78,7 +82,8 @@ def test_intervals_are_fine_while_query_spans_arrive_and_normal_after_the_hold(t
     assert len(fine) >= 20
     assert statistics.median(fine) == pytest.approx(0.1, abs=0.02)
     assert max(fine) <= 0.15
-    after = [iv.t_end_s - iv.t_start_s for iv in intervals if iv.t_start_s > last_s + 1.2]
+    # Back to the normal tick: each interval after the hold is about interval_s long.
+    after = [iv.t_end_s - iv.t_start_s for iv in after_the_hold(intervals)]
     assert after and all(d > 0.8 for d in after), after
 
 

@@ -16,10 +16,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from wattwatch import wire
 from wattwatch.collector.app import create_app
 from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.storage.group_ingest import IngestResult, Pending
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
 

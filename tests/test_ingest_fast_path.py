@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
 from test_storage import WIDE_WINDOW_S, batch, iv
-from wattwatch import wire
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.storage import tokens
 from wattwatch.storage.engine import make_engine
 

@@ -14,19 +14,19 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from wattwatch import wire
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
-from wattwatch.integrations import lightning as wl
-from wattwatch.integrations import transformers as wt
-from wattwatch.record import replace
+from wattwatch.protocol import wire
 from wattwatch.sdk import AgentClient
+from wattwatch.sdk.integrations import lightning as wl
+from wattwatch.sdk.integrations import transformers as wt
 
 HF_HOOK = ["self", "args", "state", "control", "kwargs"]
 LIGHTNING_HOOKS = {
@@ -146,9 +146,9 @@ def test_lightning_callback_only_rank_zero_records_spans(tmp_path: Path) -> None
 
 
 def test_callbacks_are_harmless_without_an_agent(tmp_path: Path) -> None:
-    import wattwatch.sdk as sdk
+    from wattwatch.sdk import notices
 
-    sdk._warned = False
+    notices._warned = False
     cb = wt.WattwatchCallback(client=AgentClient(tmp_path / "none.sock"))
     args, state, control = SimpleNamespace(run_name=None), SimpleNamespace(), SimpleNamespace()
     with pytest.warns(RuntimeWarning):
@@ -172,10 +172,10 @@ def test_callbacks_derive_from_the_frameworks_bases_and_wattwatch_never_imports_
     script = textwrap.dedent(
         """
         import sys
-        import wattwatch, wattwatch.sdk, wattwatch.integrations, wattwatch.agent.runner
+        import wattwatch, wattwatch.sdk, wattwatch.sdk.integrations, wattwatch.agent.runner
         assert "transformers" not in sys.modules and "lightning" not in sys.modules
         import transformers, lightning.pytorch
-        from wattwatch.integrations import transformers as wt, lightning as wl
+        from wattwatch.sdk.integrations import transformers as wt, lightning as wl
         assert issubclass(wt.WattwatchCallback, transformers.TrainerCallback)
         assert issubclass(wl.WattwatchCallback, lightning.pytorch.Callback)
         assert hasattr(wt.WattwatchCallback(), "on_log")  # the Trainer's other hooks come from the base

@@ -17,7 +17,7 @@ import pytest
 from procs import WATTWATCH
 from report_data import JOBS, Filled, cli, fill
 from test_cli_ids import running_collector
-from wattwatch.report import format_energy
+from wattwatch.reporting.render import format_energy
 
 pytestmark = pytest.mark.e2e
 

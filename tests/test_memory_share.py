@@ -8,6 +8,7 @@ import math
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from wattwatch import wire
 from wattwatch.accounting.attribution import split_interval
 from wattwatch.agent.jobs import ActiveJob
 from wattwatch.agent.memory import MemoryShareMeter
@@ -23,7 +23,7 @@ from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
-from wattwatch.record import replace
+from wattwatch.protocol import wire
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine

@@ -55,6 +55,7 @@ def host_truth_j(home: Path, n_gpus: int) -> float:
     return total_j
 
 
+@pytest.mark.slow
 def test_one_run_on_two_hosts_is_one_job_with_the_sum_and_a_per_host_breakdown(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -63,7 +64,7 @@ def test_one_run_on_two_hosts_is_one_job_with_the_sum_and_a_per_host_breakdown(
     col_home = tmp_path / "collector"
     db_url = f"sqlite:///{tmp_path / 'central.db'}"
     collector = subprocess.Popen(
-        [*WATTWATCH, "collector", "--db", db_url, "--migrate", "--listen", f"127.0.0.1:{port}"],
+        [*WATTWATCH, "collector", "--db", db_url, "--migrate", "--open", "--listen", f"127.0.0.1:{port}"],
         env=base_env(col_home),
         stdout=(tmp_path / "collector.log").open("wb"),
         stderr=subprocess.STDOUT,

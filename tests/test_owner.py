@@ -19,13 +19,13 @@ import pytest
 from sqlalchemy import Engine
 
 from procs import wait_for
-from wattwatch import wire
 from wattwatch.accounting.attribution import split_interval
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
-from wattwatch.report import render
+from wattwatch.protocol import wire
+from wattwatch.reporting.render import render
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.visible import resolve_visible
 from wattwatch.sim.fleet import SimulatedFleet

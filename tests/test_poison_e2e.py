@@ -23,14 +23,14 @@ from sqlalchemy import select
 from procs import WATTWATCH, free_port, wait_for
 from test_agent_metrics import value
 from test_auth_e2e import env_for, run
-from wattwatch import wire
 from wattwatch.agent.spool import SPOOL_FILE, Spool
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.storage.engine import make_engine
 from wattwatch.storage.tables import ingested_batches
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # faults: agents whose batches fail for tens of seconds
 
 HOST = "poison-host"
 AGENT_ID = "poison-agent-0001"
@@ -139,7 +139,7 @@ def collector_proc(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[str, Calla
         port = free_port()
         with (tmp_path / f"collector-{port}.log").open("wb") as out:
             proc = subprocess.Popen(
-                [*WATTWATCH, "collector", "--db", sqlite_url, "--listen", f"127.0.0.1:{port}", *extra],
+                [*WATTWATCH, "collector", "--db", sqlite_url, "--listen", f"127.0.0.1:{port}", "--open", *extra],
                 env=env_for(tmp_path / "collector"),
                 stdout=out,
                 stderr=subprocess.STDOUT,

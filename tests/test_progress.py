@@ -27,18 +27,19 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_demo_redraws_a_status_line_on_a_terminal(tmp_path: Path) -> None:
     demo = PtyProcess([*WATTWATCH, "demo", "--duration", "6", "--listen", f"127.0.0.1:{free_port()}"], _env(tmp_path))
     try:
-        status = r"\rdemo: (\d+) s of 6 s \((\d+) s left\); power now (\d+) W; jobs so far ([0-9.]+ k?J); (\d+) queries"
+        status = r"demo: (\d+) s of 6 s \((\d+) s left\); power now (\d+) W; jobs so far ([0-9.]+ k?J); (\d+) queries"
         first = demo.read_until(status, 60)
         later = demo.read_until(status, 30, start=first.end())
         while int(later[1]) == int(first[1]):
             later = demo.read_until(status, 30, start=later.end())
         assert int(later[1]) > int(first[1]) and int(later[2]) < int(first[2])
         assert int(later[3]) > 100  # four simulated H100s, three of them loaded
-        # The line is wiped before the report, and the report follows.
-        demo.read_until(r"\r\x1b\[K(wattwatch up: stopping|\r?\n)", 60, start=later.end())
+        # The line is wiped before the report (the cursor back up on it, the line erased), and the report follows.
+        demo.read_until(r"\x1b\[1A\x1b\[2K(wattwatch up: stopping|\r?\n)", 60, start=later.end())
         demo.read_until(r"llama-ft \(demo\)", 60)
         assert demo.wait(60) == 0
         assert "Traceback" not in demo.text
@@ -46,6 +47,7 @@ def test_demo_redraws_a_status_line_on_a_terminal(tmp_path: Path) -> None:
         demo.close()
 
 
+@pytest.mark.slow
 def test_demo_piped_writes_plain_progress_lines_on_stderr(tmp_path: Path) -> None:
     out = subprocess.run(
         [*WATTWATCH, "demo", "--duration", "7", "--listen", f"127.0.0.1:{free_port()}"],

@@ -243,7 +243,9 @@ def test_a_connection_dropped_after_sending_counts_like_a_5xx(server: tuple[str,
     assert script.seqs == [0, 0, 1, 2]  # a dropped connection is retried once, on a new one
     (batch,) = spool.set_aside_batches()
     assert batch.seq == 0 and batch.reason["reason"] == "repeated_failure" and batch.reason["status"] is None
-    assert batch.reason["error"].startswith("no answer after the request was sent (RemoteDisconnected")
+    assert batch.reason["error"].startswith(
+        "no answer after the request was sent (RemoteProtocolError: Server disconnected"
+    )
 
 
 def test_a_reset_keep_alive_connection_is_retried_at_once_and_is_no_strike(

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
 from test_storage import T0
-from wattwatch import wire
 from wattwatch.accounting import IntervalIn, rollup_intervals
 from wattwatch.accounting.quantiles import nearest_rank
 from wattwatch.accounting.spans import split_job_energy
-from wattwatch.report import render
+from wattwatch.protocol import wire
+from wattwatch.reporting.render import render
 from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage import repository
 from wattwatch.storage.span_energy import compute_span_energy

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from test_storage import T0, _random_batches
-from wattwatch import wire
 from wattwatch.accounting.attribution import split_interval
+from wattwatch.protocol import wire
 from wattwatch.storage.group_ingest import Pending, ingest_many
 from wattwatch.storage.raw_batches import decode_intervals, encode_intervals, read_intervals
 from wattwatch.storage.tables import devices, hosts, job_device_energy

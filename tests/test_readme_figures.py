@@ -1,7 +1,7 @@
-"""Reduced runs of the scripts that print the README's whole-pipeline, other-checks and SDK-cost figures:
-each prints its command line, a caption naming its truth, and markdown tables of finite figures. They check
-that the scripts work; the figures' size is asserted only loosely (a broken truth or a wrong sum is off by
-far more)."""
+"""Reduced runs of the scripts that print the whole-pipeline and other-checks figures of docs/accuracy.md and
+the SDK cost of docs/performance.md: each prints its command line, a caption naming its truth, and markdown
+tables of finite figures with the columns the docs show. They check that the scripts work; the figures' size
+is asserted only loosely (a broken truth or a wrong sum is off by far more)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import checks  # lives in benchmarks/, importable once the path above is set
 import pipeline
 import sdk_overhead
 
-from test_benchmark_tables import check_table, figures, tables
+from test_benchmark_tables import assert_docs_show, check_table, figures, tables
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # benchmark guards: each reruns a benchmark script
 
 
 def errors_percent(table: list[list[str]], column: int) -> list[float]:
@@ -34,9 +34,11 @@ def test_pipeline_prints_both_tables(capsys: pytest.CaptureFixture[str]) -> None
     assert "not by wattwatch's accounting" in " ".join(out.split())
     whole, setup = tables(out)
     check_table(whole, ("job", "duration", "measured vs exact, SQLite"), 3)
+    assert_docs_show(tuple(whole[0]))
     assert [row[0] for row in whole[1:]] == [label for _, label, _ in pipeline.PIPELINE_ROWS]
     assert all(abs(e) < 2 for e in errors_percent(whole, 2)), whole
     check_table(setup, ("energy of", "duration", "measured vs exact, SQLite"), len(pipeline.SETUP_ROWS))
+    assert_docs_show(tuple(setup[0]))
     # The first setup starts at a tick read, up to ~60 ms of power off in 0.5 s; the rest is within 2 %.
     assert all(abs(e) < 20 for e in errors_percent(setup, 2)), setup
 
@@ -48,6 +50,7 @@ def test_checks_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not by wattwatch's accounting" in " ".join(out.split())
     (table,) = tables(out)
     check_table(table, ("check", "exact", "measured", "error"), 5)
+    assert_docs_show(tuple(table[0]))
     assert all(abs(e) < 2 for e in errors_percent(table, 3)), table
 
 

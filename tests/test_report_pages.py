@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wattwatch import wire
-from wattwatch.cli import main
-from wattwatch.report_options import PAGE_FOR_PEOPLE, PAGE_FOR_PROGRAMS
+from wattwatch.cli.main import main
+from wattwatch.protocol import wire
+from wattwatch.reporting.options import PAGE_FOR_PEOPLE, PAGE_FOR_PROGRAMS
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 
@@ -235,7 +235,7 @@ def test_a_page_of_several_states_idle_energy_without_a_share(
 @given(st.floats(min_value=1e-12, max_value=1e15))
 def test_figures_never_print_an_exponent(value: float) -> None:
     """Three significant digits (a whole number from 1000 up), and never the 1.66e+03 people misread."""
-    from wattwatch.report import figure, format_energy, format_grams
+    from wattwatch.reporting.render import figure, format_energy, format_grams
 
     text = figure(value)
     assert "e" not in text and "inf" not in text

@@ -22,7 +22,7 @@ import pytest
 from procs import WATTWATCH, free_port
 from report_data import JOBS, Filled, cli, fill
 from test_cli_ids import running_collector
-from wattwatch.report import format_energy
+from wattwatch.reporting.render import format_energy
 
 pytestmark = pytest.mark.e2e
 
@@ -219,6 +219,7 @@ def test_the_window_and_a_filter_narrow_the_totals(filled: Filled) -> None:
     assert re.search(r"^TOTAL +2 jobs ", report(filled, "--label", "team=nlp").stdout, re.M)
 
 
+@pytest.mark.slow
 def test_the_demo_table_fits_100_columns(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR")}
     env["WATTWATCH_HOME"] = str(tmp_path / "home")

@@ -3,6 +3,7 @@ jobs by pid and start time, and the collector ending the jobs of a silent agent 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from wattwatch import record, wire
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.restore import BRIDGED, GAP, Checkpoint, DeviceMark, JobMark, adopt, bridge
@@ -21,6 +21,7 @@ from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.collector.silent_scheduler import SilentHostScheduler
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sensors.rapl import RaplSensor
@@ -225,7 +226,7 @@ class GatedSensor(CounterSensor):
 
 
 def make_agent(home: Path, proc: Path, clock: FakeClock, sensor: CounterSensor | None = None) -> Agent:
-    settings = record.replace(
+    settings = dataclasses.replace(
         Settings(home=home), collector_url="http://127.0.0.1:9", interval_s=3600.0, push_interval_s=3600.0
     )
     sensor = sensor or CounterSensor(POWER_W, clock, origin_s=T0 - 1000.0)

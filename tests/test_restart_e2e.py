@@ -24,7 +24,7 @@ from wattwatch.sdk import AgentClient
 from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage.raw_batches import read_intervals
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # faults: kill -9 of a real agent and a 10 s outage
 
 SIM_GPUS = 2
 OUTAGE_S = 10.0
@@ -95,7 +95,9 @@ def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, 
         env.pop(var, None)
     url = f"http://127.0.0.1:{port}"
     collector = procs.start(
-        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--migrate"], env, "collector.log"
+        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--migrate", "--open"],
+        env,
+        "collector.log",
     )
     agent_cmd = [*WATTWATCH, "agent", "--simulate", str(SIM_GPUS), "--collector", url, "--interval", "1"]
     if flaws:

@@ -16,10 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, select, text
 
 from test_storage import GPUS, T0, iv
-from wattwatch import wire
-from wattwatch.cli import main
+from wattwatch.cli.main import main
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.sim.clock import FakeClock
 from wattwatch.storage import migrate
 from wattwatch.storage.engine import make_engine
@@ -319,8 +319,8 @@ def test_retention_setting_from_the_environment_reaches_the_scheduler(tmp_path: 
 def test_idle_hours_fold_into_days_and_reports_read_the_same(db_engine: Engine) -> None:
     """Idle hours older than two days become one row per device and day; a report whose window starts in
     such a day counts the whole day (idle_from says so) before and after the fold."""
+    from wattwatch.protocol.units import iso_utc
     from wattwatch.storage import repository
-    from wattwatch.units import iso_utc
 
     day_s = T0 - T0 % DAY_S
     hours = (1, 5, 13, 23)  # one idle second of 10 J on gpu1 in each of these hours

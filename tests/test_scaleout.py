@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from procs import WATTWATCH, free_port, wait_for
-from wattwatch import wire
+from wattwatch.protocol import wire
 
 pytestmark = [pytest.mark.e2e]
 
@@ -87,9 +87,12 @@ def collectors(pg_url: str, tmp_path: Path) -> Iterator[tuple[list[str], subproc
     ports = [free_port(), free_port()]
     procs = [
         subprocess.Popen(
-            [*WATTWATCH, "collector", "--db", pg_url, "--listen", f"127.0.0.1:{ports[0]}", "--workers", "2"], env=env
+            [*WATTWATCH, "collector", "--db", pg_url, "--listen", f"127.0.0.1:{ports[0]}", "--open", "--workers", "2"],
+            env=env,
         ),
-        subprocess.Popen([*WATTWATCH, "collector", "--db", pg_url, "--listen", f"127.0.0.1:{ports[1]}"], env=env),
+        subprocess.Popen(
+            [*WATTWATCH, "collector", "--db", pg_url, "--listen", f"127.0.0.1:{ports[1]}", "--open"], env=env
+        ),
     ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from wattwatch import wire
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
@@ -27,6 +26,7 @@ from wattwatch.agent.scrape import PRESETS, Scraper, parse_target, read_counters
 from wattwatch.agent.spool import Spool
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
+from wattwatch.protocol import wire
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.standalone import Collector
@@ -256,7 +256,7 @@ def test_a_vllm_server_nobody_tagged_gets_energy_per_query_from_its_counters(tmp
     script.write_text(FAKE_VLLM)
     server = subprocess.Popen([sys.executable, str(script), "serve", "fake-model", "--port", str(port)])
     collector_settings = Settings(home=tmp_path / "collector", listen=f"127.0.0.1:{col_port}")
-    collector = Collector(collector_settings, migrate=True)
+    collector = Collector(collector_settings, migrate=True, open_local=True)
     collector.start()
     try:
         deadline = time.monotonic() + 30

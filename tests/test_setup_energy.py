@@ -29,7 +29,8 @@ from wattwatch.sim.fleet import SimulatedFleet
 from wattwatch.storage import repository
 from wattwatch.storage.engine import make_engine
 
-pytestmark = pytest.mark.e2e
+# slow: end-to-end acceptance runs of eight jobs on a real agent, per simulator flaw
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # The process's own start: on the GPU (training-like load: the model loads), found by the agent.
 ON_GPU = textwrap.dedent(

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wattwatch import wire
 from wattwatch.accounting.attribution import split_interval
 from wattwatch.agent.jobs import JobRegistry
 from wattwatch.agent.procfs import ProcFs
@@ -24,6 +23,7 @@ from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
 from wattwatch.agent.tracker import ProcessTracker
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.sensors.nvml import NvmlSensor
 from wattwatch.sim.clock import FakeClock
 from wattwatch.sim.fleet import SimulatedFleet

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from wattwatch.agent.spool import SPOOL_FILE, Spool
-from wattwatch.cli import main
-from wattwatch.doctor import describe_spool, run_doctor
+from wattwatch.cli.doctor import describe_spool, run_doctor
+from wattwatch.cli.main import main
 from wattwatch.sim.fleet import SimulatedFleet
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, inspect, select, text
 
-from wattwatch import wire
 from wattwatch.errors import StorageError
+from wattwatch.protocol import wire
 from wattwatch.storage import migrate, repository
 from wattwatch.storage.engine import check_ready, make_engine, normalize_url
 from wattwatch.storage.raw_batches import read_intervals
@@ -128,6 +128,7 @@ def test_alembic_command_line_from_the_repository_root(tmp_path: Path) -> None:
     assert migrate.current_revision(f"sqlite:///{db}") == migrate.head_revision()
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_migrations(tmp_path: Path) -> None:
     # Build the wheel as a user would get it, install it on its own, and migrate with it.
     built = subprocess.run(
@@ -153,7 +154,7 @@ def test_wheel_carries_the_migrations(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(site)}
     url = f"sqlite:///{tmp_path / 'from-wheel.db'}"
     done = subprocess.run(
-        [sys.executable, "-m", "wattwatch.cli", "db", "upgrade", "--db", url],
+        [sys.executable, "-m", "wattwatch.cli.main", "db", "upgrade", "--db", url],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -12,11 +12,11 @@ from sqlalchemy import Engine, event
 
 from test_collector import post_batch
 from test_storage import T0, WIDE_WINDOW_S, batch, iv
-from wattwatch import wire
+from wattwatch.cli.top import render
 from wattwatch.collector import create_app
 from wattwatch.config import Settings
+from wattwatch.protocol import wire
 from wattwatch.sim.clock import FakeClock
-from wattwatch.top_cli import render
 
 
 @pytest.fixture

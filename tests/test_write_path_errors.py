@@ -71,7 +71,7 @@ def test_a_deadlock_in_the_pipeline_retries_the_group(pg_engine: Engine) -> None
 
 
 def _batch_body(interval_device: str) -> bytes:
-    from wattwatch import wire
+    from wattwatch.protocol import wire
 
     interval = {"device": interval_device, "t_start_s": T0, "t_end_s": T0 + 1, "energy_j": 1.0, "source": "counter"}
     return wire.encode(
@@ -90,7 +90,7 @@ def _batch_body(interval_device: str) -> bytes:
 @pytest.mark.parametrize("device", ["gpu 0", "gpü0"])
 def test_a_malformed_interval_device_is_refused_as_a_malformed_key(device: str) -> None:
     """As before the key pattern moved into Batch: the reason is a bad string, not an unlisted device."""
-    from wattwatch import wire
+    from wattwatch.protocol import wire
 
     with pytest.raises(wire.WireError) as info:
         wire.decode_batch(_batch_body(device))

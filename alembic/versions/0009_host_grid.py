@@ -6,7 +6,7 @@ Create Date: 2026-12-01
 
 ``hosts.grid_region`` holds the region the host's agent last sent (``--grid-region``: an ISO 3166 alpha-3
 country code such as FRA, or a cloud provider:region such as gcp:europe-west9). Reports charge each
-host's energy at that region's intensity from codecarbon's data (``wattwatch.carbon_policy``). Existing
+host's energy at that region's intensity from codecarbon's data (``wattwatch.carbon.policy``). Existing
 hosts have none: they keep the collector's configured intensity until their agent sends one.
 
 It follows 0008 (device totals), which was written beside it.

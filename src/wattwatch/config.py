@@ -1,19 +1,22 @@
 """Settings from an optional TOML file plus ``WATTWATCH_*`` environment variables. No globals.
 
 Precedence, lowest to highest: defaults, the TOML file (``$WATTWATCH_HOME/wattwatch.toml`` or
-``WATTWATCH_CONFIG``), environment variables, then command-line flags (applied by the CLI with
-``record.replace``).
+``WATTWATCH_CONFIG``), environment variables, then command-line flags (``load_settings(flags=...)``).
+Every value from any of them passes the same checks (``check_setting``: a number, finite, in its range)
+and a bad one is a ConfigError of one line naming it as the user gave it (``--interval 0``,
+``WATTWATCH_INTERVAL=0``, ``interval_s = 0 in wattwatch.toml``) and what is allowed.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from wattwatch import limits
 from wattwatch.errors import ConfigError
-from wattwatch.record import field, field_names, record, replace
+from wattwatch.protocol import limits
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
@@ -23,7 +26,7 @@ def default_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(raw).expanduser() if raw else Path.home() / ".local" / "share" / "wattwatch"
 
 
-@record
+@dataclass(frozen=True)
 class Settings:
     """Everything a wattwatch process can be told. Units are in the names."""
 
@@ -34,7 +37,7 @@ class Settings:
     # The collector `report` and `jobs` ask when neither --server nor --db is given (WATTWATCH_SERVER): set
     # once where the database is a fleet's PostgreSQL, so a report needs no database driver or credentials.
     report_server: str = ""
-    token: str = ""
+    token: str = field(default="", repr=False)  # a secret: never in a repr or a log line
     # Identity (issue 9): the bearer token from a file instead (resolve_token reads it); the CA an agent or
     # `report --server` trusts for an https collector; the collector's TLS certificate and key.
     token_file: str = ""
@@ -46,7 +49,7 @@ class Settings:
     # per batch, so a fleet sends fewer, larger batches. Each tick is durable in the spool meanwhile.
     push_interval_s: float = 5.0
     host: str = ""  # empty: the machine's hostname
-    # Carbon: gCO2e = kWh x PUE x grid intensity (wattwatch.carbon_policy). The intensity is per host, from
+    # Carbon: gCO2e = kWh x PUE x grid intensity (wattwatch.carbon.policy). The intensity is per host, from
     # codecarbon's data for the host's grid region: the collector's per-host override (grid_regions,
     # "HOSTGLOB=REGION,..."), else the region the host's agent sends (its grid_region), else the collector's
     # own grid_region; with none of them, or without codecarbon's data, grid_intensity_g_per_kwh.
@@ -79,6 +82,14 @@ class Settings:
     # Rollups of jobs and idle energy are never deleted.
     retention_days: float = 14.0
 
+    def __post_init__(self) -> None:
+        # The one check of every numeric setting, however the Settings was made (load_settings has already
+        # checked each value under the name the user gave it, so its errors say --interval or
+        # WATTWATCH_INTERVAL; this one names the field). Stored as float: "5" and 5 are 5.0.
+        for name in RANGES:
+            value = getattr(self, name)
+            object.__setattr__(self, name, check_setting(name, value, f"setting {name}={value!r}"))
+
     @property
     def socket_path(self) -> Path:
         """The agent's Unix socket for the SDK and ``wattwatch run``."""
@@ -102,6 +113,67 @@ class Settings:
     def listen_host_port(self) -> tuple[str, int]:
         """Split ``listen`` (``HOST:PORT``) with a clear error."""
         return parse_listen(self.listen)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: ``low`` to ``high``, both included unless ``above_low``."""
+
+    low: float
+    high: float
+    allowed: str  # what to tell the user, as a clause: "the sampling tick is 0.05 to 3600 seconds"
+    above_low: bool = False
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` is in the range (NaN never is)."""
+        return (value > self.low if self.above_low else value >= self.low) and value <= self.high
+
+
+_YEAR_S = 365.0 * 86400.0
+# Every numeric setting and its range; Settings refuses a value outside it, whatever its source.
+RANGES: dict[str, Range] = {
+    "interval_s": Range(0.05, 3600.0, "the sampling tick is 0.05 to 3600 seconds"),
+    "push_interval_s": Range(0.1, 3600.0, "the push interval is 0.1 to 3600 seconds"),
+    "grid_intensity_g_per_kwh": Range(0.0, 5000.0, "the grid intensity is 0 to 5000 gCO2e/kWh"),
+    "pue": Range(1.0, 10.0, "the PUE is 1 (no overhead) to 10"),
+    "price_per_kwh": Range(0.0, 1e6, "the price is 0 (no cost in reports) or more per kWh"),
+    "cpu_tdp_w": Range(0.0, 10000.0, "the CPU TDP is 0 (look it up) to 10000 W"),
+    "metrics_retention_s": Range(0.0, _YEAR_S, "finished jobs stay on /metrics 0 to 31536000 seconds (a year)"),
+    "restart_bridge_max_s": Range(0.0, _YEAR_S, "a restart's gap is bridged 0 to 31536000 seconds (a year)"),
+    "host_silent_after_s": Range(
+        0.0, _YEAR_S, "a host is silent after 0 (never) to 31536000 seconds (a year) without a word"
+    ),
+    "time_window_past_s": Range(
+        0.0,
+        math.inf,
+        "the time window back is a positive number of seconds (as a flag a duration: --time-window-past 30d)",
+        True,
+    ),
+    "time_window_future_s": Range(
+        0.0,
+        math.inf,
+        "the time window ahead is a positive number of seconds (as a flag a duration: --time-window-future 1d)",
+        True,
+    ),
+    "retention_days": Range(0.0, 36500.0, "retention is 0 (keep everything) or up to 36500 days"),
+}
+
+
+def check_setting(name: str, raw: object, where: str) -> float:
+    """``raw`` as setting ``name``'s type, checked against its range; ConfigError naming ``where`` (how the
+    user gave it: ``--interval 0``, ``WATTWATCH_INTERVAL=0``) and what is allowed otherwise."""
+    rule = RANGES[name]
+    if isinstance(raw, bool):  # TOML's true/false: a bool is an int to Python, never a setting's number
+        raise ConfigError(f"{where} is not a number; {rule.allowed}")
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} is not a number; {rule.allowed}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} is not a finite number; {rule.allowed}")
+    if not rule.holds(value):
+        raise ConfigError(f"{where} is out of range; {rule.allowed}")
+    return value
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -162,41 +234,43 @@ def resolve_token(settings: Settings) -> Settings:
     return replace(settings, token=token)
 
 
-def load_settings(env: Mapping[str, str] | None = None, config_file: Path | None = None) -> Settings:
-    """Build Settings from defaults, the TOML file and the environment; raise ConfigError naming the bad key."""
+def load_settings(
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+    flags: Mapping[str, tuple[str, object]] | None = None,
+) -> Settings:
+    """Build Settings from defaults, the TOML file, the environment and ``flags`` (setting name ->
+    (the flag as typed, e.g. ``"--interval 0"``, its value)); raise ConfigError naming the bad one."""
     env = os.environ if env is None else env
     home = default_home(env)
     values: dict[str, object] = {"home": home}
     path = config_file or Path(env.get("WATTWATCH_CONFIG", home / "wattwatch.toml"))
+    known = {f.name for f in fields(Settings)}
     if path.exists():
         import tomllib  # only where there is a file to read (1.5 ms of a read command's start-up)
 
         try:
-            values.update(tomllib.loads(path.read_text()))
+            table = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML ({exc}); fix or remove it") from None
+        for name, raw in table.items():
+            if name not in known:
+                raise ConfigError(f"unknown setting {name!r} in {path}; known: {', '.join(sorted(known))}")
+            values[name] = _coerce(name, raw, f"{name} = {raw!r} in {path}")
     for name, var in _ENV.items():
         if var in env:
-            values[name] = env[var]
-    return _coerce(values, source=str(path))
+            values[name] = _coerce(name, env[var], f"{var}={env[var]}")
+    for name, (where, raw) in (flags or {}).items():
+        values[name] = _coerce(name, raw, where)
+    return Settings(**values)  # type: ignore[arg-type]
 
 
-def _coerce(values: Mapping[str, object], source: str) -> Settings:
-    known = set(field_names(Settings))
-    defaults = Settings(home=Path("."))
-    kwargs: dict[str, object] = {}
-    for name, raw in values.items():
-        if name not in known:
-            raise ConfigError(f"unknown setting {name!r} in {source}; known: {', '.join(sorted(known))}")
-        default = getattr(defaults, name)
-        try:
-            if isinstance(default, float):
-                value: object = float(raw)  # type: ignore[arg-type]
-            elif isinstance(default, Path):
-                value = Path(str(raw)).expanduser()
-            else:
-                value = str(raw)
-        except (TypeError, ValueError):
-            raise ConfigError(f"setting {name!r} = {raw!r} is not a number; e.g. {name} = {default}") from None
-        kwargs[name] = value
-    return Settings(**kwargs)  # type: ignore[arg-type]
+def _coerce(name: str, raw: object, where: str) -> object:
+    """``raw`` as the type of setting ``name`` (numbers checked by ``check_setting``)."""
+    if name in RANGES:
+        return check_setting(name, raw, where)
+    if name == "home":
+        return Path(str(raw)).expanduser()
+    if not isinstance(raw, str):
+        raise ConfigError(f"{where} is not a string; give it in quotes")
+    return raw

@@ -14,13 +14,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
-from wattwatch.record import replace
 
 if TYPE_CHECKING:
     from wattwatch.agent.options import AgentOptions
@@ -173,9 +172,12 @@ class StopFlag:
 class Collector:
     """The collector app served by uvicorn in a background thread.
 
-    Beyond loopback it needs a token (static or in the database) unless ``allow_open``: else ConfigError,
-    one line saying how to make one. ``local_token`` authenticates ``wattwatch up``'s own agent. With
-    ``settings.tls_cert`` and ``tls_key`` it serves HTTPS.
+    Closed by default: every request but /healthz and /readyz needs a token. ``open_local`` (``--open``)
+    lets requests from this machine, straight to it (no proxy header), in without one while no token was
+    ever configured (``collector.auth``). Beyond loopback it refuses to start with no token at all (static or
+    in the database) unless ``allow_open``: else ConfigError, one line saying how to make one.
+    ``local_token`` authenticates ``wattwatch up``'s own agent. With ``settings.tls_cert`` and ``tls_key`` it
+    serves HTTPS.
     """
 
     def __init__(
@@ -184,6 +186,7 @@ class Collector:
         *,
         migrate: bool,
         allow_open: bool = False,
+        open_local: bool = False,
         local_token: str = "",
         reuse_port: bool = False,
         periodic: bool = True,
@@ -205,13 +208,16 @@ class Collector:
         host, port = settings.listen_host_port()
         check_server_files(settings.tls_cert, settings.tls_key)
         self.engine = storage_engine.check_ready(url)
-        # Identity (issue 9): beyond loopback, a token is required, now and after the last one is revoked.
-        required = not is_loopback(host) and not allow_open
-        if required and not settings.token and not any_active(self.engine):
+        # Beyond loopback with no token at all, no agent elsewhere could write: say so unless told to start anyway.
+        if not is_loopback(host) and not allow_open and not settings.token and not any_active(self.engine):
             self.engine.dispose()
             raise ConfigError(open_collector_error(settings.listen))
         app = create_app(
-            settings, engine=self.engine, local_token=local_token, auth_required=required, periodic=periodic
+            settings,
+            engine=self.engine,
+            local_token=local_token,
+            anonymous="loopback" if open_local else "nobody",
+            periodic=periodic,
         )
         tls: dict[str, Any] = {}
         if settings.tls_cert:
@@ -225,6 +231,8 @@ class Collector:
             # Agents push every few seconds over one kept-alive connection: uvicorn's default of 5 s would
             # close it just as the next push (every 5 s by default) is sent.
             timeout_keep_alive=KEEP_ALIVE_S,
+            # The client address stays the TCP peer's: X-Forwarded-For never makes a caller look local.
+            proxy_headers=False,
             **tls,
         )
         self.server = uvicorn.Server(config)
@@ -279,7 +287,8 @@ def run_up(
     settings = replace(settings, tls_cert="", tls_key="")
     # The local agent's own credential: it works once tokens exist, and never switches authentication on.
     local_token = settings.token or secrets.token_urlsafe(32)
-    collector = Collector(settings, migrate=True, allow_open=allow_open, local_token=local_token)
+    # Open to anonymous callers on this machine (the quickstart's `wattwatch report`), until a token exists.
+    collector = Collector(settings, migrate=True, allow_open=allow_open, open_local=True, local_token=local_token)
     collector.start()
     try:
         agent_settings = replace(settings, collector_url=collector.url, token=local_token, ca_file="")
@@ -292,6 +301,10 @@ def run_up(
     gpus = [d for d in agent.sampler.devices.values() if d.kind == "gpu"]
     sources = sorted({f"{d.key}" for d in agent.sampler.devices.values()})
     announce(f"wattwatch up: collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
+    announce(
+        "wattwatch up: --open: requests from this machine need no token until one exists "
+        "(`wattwatch token create` closes it for good)"
+    )
     announce(
         f"wattwatch up: agent measuring {', '.join(sources) or 'nothing'}"
         + (f" ({simulate} simulated GPUs{_flaws_note(parts.fleet)})" if simulate else "")
@@ -329,11 +342,13 @@ def run_collector(
     migrate: bool,
     announce: Callable[[str], None] = print,
     allow_open: bool = False,
+    open_local: bool = False,
     workers: int = 1,
     worker_index: int | None = None,
     argv: Sequence[str] = (),
 ) -> None:
-    """The central service until SIGINT/SIGTERM (``allow_open``: serve beyond loopback without any token).
+    """The central service until SIGINT/SIGTERM (``allow_open``: start beyond loopback without any token;
+    ``open_local``: anonymous requests from this machine while no token was ever configured, ``Collector``).
 
     ``workers`` > 1 (PostgreSQL only) makes this process a supervisor of that many worker processes, each
     ``wattwatch ARGV --worker-index I``, all listening on one address (SO_REUSEPORT). The collector keeps no
@@ -350,12 +365,15 @@ def run_collector(
         settings,
         migrate=migrate and not worker,
         allow_open=allow_open,
+        open_local=open_local,
         reuse_port=worker,
         periodic=worker_index in (None, 0),
     )
     collector.start()
     what = f"worker {worker_index} of " if worker else ""
     announce(f"wattwatch collector: {what}{collector.url} (database {_mask(settings.resolved_db_url)})")
+    if open_local and not worker_index:
+        announce("wattwatch collector: --open: requests from this machine need no token until one exists")
     try:
         stop.event.wait()
     finally:
@@ -388,7 +406,7 @@ def _supervise(
     finally:
         engine.dispose()
     children = [
-        subprocess.Popen([sys.executable, "-m", "wattwatch.cli", *argv, "--worker-index", str(i)])
+        subprocess.Popen([sys.executable, "-m", "wattwatch.cli.main", *argv, "--worker-index", str(i)])
         for i in range(workers)
     ]
     log.info("collector: %d worker processes on %s:%d", workers, host, port)

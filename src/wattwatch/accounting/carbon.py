@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wattwatch.units import j_to_kwh
+from wattwatch.protocol.units import j_to_kwh
 
 
 def emissions_g(energy_j: float, grid_intensity_g_per_kwh: float, pue: float) -> float:

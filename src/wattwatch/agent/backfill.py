@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from wattwatch import wire
+from wattwatch.protocol import wire
 
 # How long after a job opens its GPU may still be found and given the energy since: longer than any
 # process-list delay seen (the simulator's realistic flaws go to 2 s) plus a tick; bounded, so a job

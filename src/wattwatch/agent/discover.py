@@ -25,7 +25,7 @@ from pathlib import PurePosixPath
 from wattwatch.agent.jobs import DISCOVERED_BY
 from wattwatch.agent.kubelet import PodInfo, PodLookup
 from wattwatch.agent.procfs import ProcFs
-from wattwatch.units import JOB_KINDS, JobKind
+from wattwatch.protocol.units import JOB_KINDS, JobKind
 
 KIND_BY = "wattwatch.io/kind-by"
 JOB_ANNOTATION = "wattwatch.io/job"

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from wattwatch import limits, wire
 from wattwatch.agent.procfs import ProcFs
-from wattwatch.units import JobKind
+from wattwatch.protocol import limits, wire
+from wattwatch.protocol.units import JobKind
 
 DISCOVERED_BY = "wattwatch.io/discovered-by"
 
@@ -57,7 +57,7 @@ class ActiveJob:
         return self.pids | self.proc_pids
 
     def to_wire(self, ended_at_s: float | None = None) -> wire.Job:
-        """This job as the wire format's Job record, within ``wattwatch.limits`` (a discovered pod's name or
+        """This job as the wire format's Job record, within ``wattwatch.protocol.limits`` (a discovered pod's name or
         labels are whatever Kubernetes holds: what does not fit is cut or left out, not sent to be refused)."""
         pids = self.all_pids
         return wire.Job(

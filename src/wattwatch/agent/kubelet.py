@@ -10,6 +10,7 @@ still enabled). The list is cached and fetched again only when an unknown UID sh
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+
+from wattwatch.client import make_client
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,9 @@ class KubeletPods:
     ) -> None:
         self.url = url
         self._token_file = token_file
-        self._client = client or httpx.Client(timeout=timeout_s, verify=verify)
+        # A CA file as a path: its own context (httpx takes a context or a bool).
+        context = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+        self._client = client or make_client(timeout_s=timeout_s, verify=context)
         self._min_refresh_s = min_refresh_s
         self._monotonic = monotonic
         self._lock = threading.Lock()

@@ -24,11 +24,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from wattwatch import __version__, wire
+from wattwatch import __version__
 from wattwatch.agent import quiet_server
 from wattwatch.config import parse_listen
 from wattwatch.errors import ConfigError, WattwatchError
-from wattwatch.limits import REASONS
+from wattwatch.protocol import wire
+from wattwatch.protocol.limits import REASONS
 from wattwatch.sensors.base import DeviceInfo, Sensor
 
 if TYPE_CHECKING:
@@ -181,8 +182,8 @@ class _Families:
     refused: CounterMetricFamily = field(
         default_factory=lambda: CounterMetricFamily(
             "wattwatch_agent_refused",
-            "Records refused as out of bounds (wattwatch.limits), by reason: spans and labels at the local API, "
-            "the agent's own records at sealing.",
+            "Records refused as out of bounds (wattwatch.protocol.limits), by reason: spans and labels at the local "
+            "API, the agent's own records at sealing.",
             labels=["host", "reason"],
         )
     )

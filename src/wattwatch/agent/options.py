@@ -19,6 +19,7 @@ command line's values on top.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ class AgentOptions:
             raise ConfigError(f"WATTWATCH_SCRAPE: {exc}") from None
         targets += tuple(parse_target(spec) for spec in scrape)
         fine_s = _seconds(env, "WATTWATCH_FINE_INTERVAL", 0.1) if fine_interval_s is None else fine_interval_s
-        if fine_s < 0:
+        if not (fine_s >= 0 and math.isfinite(fine_s)):  # NaN fails every comparison
             raise ConfigError(f"the fine tick interval must be 0 (off) or a positive number of seconds, got {fine_s}")
         return cls(
             discover=_flag(env, "WATTWATCH_DISCOVER", True) if discover is None else discover,
@@ -118,6 +119,6 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(env[name])
     except ValueError:
         raise ConfigError(f"{name}={env[name]!r} is not a number of seconds") from None
-    if value < 0 or value != value:
+    if not (value >= 0 and math.isfinite(value)):
         raise ConfigError(f"{name}={env[name]!r} must be 0 or more seconds")
     return value

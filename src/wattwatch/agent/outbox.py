@@ -8,7 +8,7 @@ sends one batch per push interval, not one per tick, and a crash loses nothing t
 start seals a crash's parts (``recover``). The sequence number is what makes a batch idempotent at the
 collector.
 
-A sealed batch is decoded once as the collector will decode it: a record outside ``wattwatch.limits`` (a
+A sealed batch is decoded once as the collector will decode it: a record outside ``wattwatch.protocol.limits`` (a
 counter glitch's absurd energy, a scraped count beyond 2**31 - 1) is left out alone and counted, rather
 than sent to cost the whole batch its place at the collector.
 """
@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from wattwatch import wire
 from wattwatch.agent.restore import Checkpoint, DeviceMark, JobMark
 from wattwatch.agent.spool import Spool
-from wattwatch.limits import BoundError
+from wattwatch.protocol import wire
+from wattwatch.protocol.limits import BoundError
 
 log = logging.getLogger(__name__)
 

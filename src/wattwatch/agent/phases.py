@@ -13,10 +13,10 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from wattwatch import wire
 from wattwatch.agent.discover import Discovered
 from wattwatch.agent.jobs import DISCOVERED_BY, ActiveJob
-from wattwatch.units import JobKind
+from wattwatch.protocol import wire
+from wattwatch.protocol.units import JobKind
 
 _BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_.:@/-]")
 

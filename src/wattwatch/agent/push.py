@@ -25,15 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wattwatch.agent.collector_http import (
-    HttpxPoster,
-    KeepAlive,
-    Poster,
-    Reply,
-    SentReset,
-    SentTimeout,
-    Unreachable,
-)
 from wattwatch.agent.poison import (
     DEFAULT_POISON_AFTER,
     KEY_CONFLICT,
@@ -47,6 +38,7 @@ from wattwatch.agent.poison import (
     verdict_of,
 )
 from wattwatch.agent.spool import Spool
+from wattwatch.client import Poster, Reply, SentReset, SentTimeout, Unreachable
 from wattwatch.tls import untrusted_certificate, untrusted_message
 
 log = logging.getLogger(__name__)
@@ -100,10 +92,8 @@ class Pusher:
         headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        # One keep-alive connection (agent.collector_http); ``client``: an httpx-style client instead (tests).
-        self._client: Poster = (
-            HttpxPoster(client) if client is not None else KeepAlive(collector_url, timeout_s=10.0, verify=verify)
-        )
+        # One keep-alive connection (wattwatch.client); ``client``: an httpx-style client instead (tests).
+        self._client = Poster(collector_url, timeout_s=10.0, verify=verify, client=client)
         self._headers = headers
         self._clock = clock
         self._wall_clock = wall_clock

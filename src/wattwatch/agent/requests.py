@@ -1,5 +1,5 @@
 """Turns local-API messages (``agent.local_api``) into registry jobs and wire spans, with errors that say
-what to fix, and counts what it refused. Values are checked against ``wattwatch.limits`` here, where the
+what to fix, and counts what it refused. Values are checked against ``wattwatch.protocol.limits`` here, where the
 caller still hears about it: a span the collector would refuse is dropped alone, with a reason, instead
 of costing a whole batch later. Pure functions: the agent decides what to do with the results."""
 
@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from wattwatch import wire
 from wattwatch.agent.jobs import DISCOVERED_BY, ActiveJob
 from wattwatch.errors import ConfigError
-from wattwatch.limits import MAX_PID, REASON_MALFORMED, BoundError, check_span, fit_labels, fit_text
+from wattwatch.protocol import wire
+from wattwatch.protocol.limits import MAX_PID, REASON_MALFORMED, BoundError, check_span, fit_labels, fit_text
+from wattwatch.protocol.units import JOB_KINDS, JobKind
 from wattwatch.sensors.base import DeviceInfo
-from wattwatch.units import JOB_KINDS, JobKind
 
 JOB_ID = re.compile(r"^[A-Za-z0-9_.:@/-]{1,200}$")
 SPAN_KINDS = ("query", "step", "epoch")
@@ -82,7 +82,7 @@ def as_kind(kind: object) -> JobKind:
 
 
 def parse_span(msg: Mapping[str, Any], default_job: str | None = None, *, now_s: float | None = None) -> wire.Query:
-    """One span (``query``, ``step`` or ``epoch``) from a message, checked against ``wattwatch.limits`` as
+    """One span (``query``, ``step`` or ``epoch``) from a message, checked against ``wattwatch.protocol.limits`` as
     the collector will check it (times in the window around ``now_s``, default the clock now); raises
     ``limits.BoundError`` naming the field and the reason, so a span the collector would refuse never
     reaches a batch (where it would cost the whole batch)."""

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import msgspec
 
-from wattwatch import wire
 from wattwatch.agent.jobs import ActiveJob
 from wattwatch.agent.procfs import ProcFs
-from wattwatch.units import JobKind, Source
+from wattwatch.protocol import wire
+from wattwatch.protocol.units import JobKind, Source
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
-from wattwatch import wire
 from wattwatch.agent.restore import DeviceMark, no_limit
+from wattwatch.protocol import wire
 from wattwatch.sensors.base import DeviceInfo, EnergyReading, Sensor
 
 log = logging.getLogger(__name__)

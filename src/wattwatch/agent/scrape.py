@@ -26,10 +26,11 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from wattwatch import wire
 from wattwatch.agent.procfs import ProcFs, listening_socket_inodes, socket_inodes
 from wattwatch.agent.requests import JOB_ID
+from wattwatch.client import make_client
 from wattwatch.errors import ConfigError
+from wattwatch.protocol import wire
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class Scraper:
         self._job_of_pid = job_of_pid
         self._candidates = candidate_pids
         self._proc_root = proc_root
-        self._client = client or httpx.Client(timeout=timeout_s)
+        self._client = client or make_client(timeout_s=timeout_s)
         self._clock = clock
         self._state = {t.url: _State() for t in self.targets}
         self._procfs = ProcFs(proc_root)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from wattwatch import wire
+from wattwatch.protocol import wire
 
 log = logging.getLogger(__name__)
 

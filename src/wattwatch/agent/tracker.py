@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from wattwatch import wire
 from wattwatch.agent.discover import Discovered, ProcessClassifier
 from wattwatch.agent.jobs import DISCOVERED_BY, ActiveJob, JobRegistry
 from wattwatch.agent.phases import PhaseBook
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.errors import SensorError
+from wattwatch.protocol import wire
 
 log = logging.getLogger(__name__)
 

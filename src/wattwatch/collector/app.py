@@ -1,7 +1,8 @@
 """``create_app(settings)``: the collector as a FastAPI app. No module-level app or state.
 
 Errors reach clients as JSON ``{"error": "...", "field": "..."}``: 422 for a body or parameter that
-does not fit (``field`` is its dotted path), 401 for a missing or unknown token, 403 for a token whose
+does not fit (``field`` is its dotted path), 413 for a body over its route's limit (``collector.guard``),
+401 for a missing or unknown token, 403 for a token whose
 role or host may not do this (``collector.auth``), 404 for an unknown job, 409 for an idempotency key
 used with other content or an agent id of another host, 503 when the database is unreachable or
 unmigrated.
@@ -23,20 +24,22 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from wattwatch.collector import contract
-from wattwatch.collector.auth import DEFAULT_REFRESH_S, Authenticator
+from wattwatch.collector.auth import DEFAULT_REFRESH_S, Anonymous, Authenticator
 from wattwatch.collector.bodies import OPENAPI_BODIES
-from wattwatch.collector.errors import ApiError, InternalErrorMiddleware
+from wattwatch.collector.context import Context
+from wattwatch.collector.errors import ApiError, InternalErrorMiddleware, error_response
 from wattwatch.collector.group_commit import GroupCommitter
+from wattwatch.collector.guard import WriteGuard
 from wattwatch.collector.ingest import IngestFastPath, IngestHandler
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.retention_scheduler import RetentionScheduler
-from wattwatch.collector.routes import Context, build_router
+from wattwatch.collector.routes import build_router
 from wattwatch.collector.silent_scheduler import SilentHostScheduler
 from wattwatch.collector.span_scheduler import DEFAULT_INTERVAL_S, SpanEnergyScheduler
 from wattwatch.config import Settings
 from wattwatch.errors import StorageError
-from wattwatch.limits import BoundError
+from wattwatch.protocol.limits import BoundError
 from wattwatch.storage.engine import check_schema, make_engine
 from wattwatch.storage.span_energy import DEFAULT_SETTLE_S
 
@@ -53,7 +56,7 @@ def create_app(
     span_energy_interval_s: float | None = DEFAULT_INTERVAL_S,
     span_energy_settle_s: float = DEFAULT_SETTLE_S,
     local_token: str = "",
-    auth_required: bool = False,
+    anonymous: Anonymous = "anyone",
     token_refresh_s: float = DEFAULT_REFRESH_S,
     periodic: bool = True,
     fast_ingest: bool = True,
@@ -70,8 +73,12 @@ def create_app(
     pruned every 10 minutes (``app.state.retention``, a ``RetentionScheduler``; ``storage.retention``).
 
     Identity (``collector.auth``): ``settings.token`` is a static admin token, ``local_token`` the
-    in-process agent's of ``wattwatch up``; ``auth_required`` demands a token even while none exists (a
-    collector listening beyond loopback); the database's tokens are re-read every ``token_refresh_s``.
+    in-process agent's of ``wattwatch up``; ``anonymous`` says who may call without a token while none was
+    ever configured: ``nobody`` (what ``wattwatch collector`` runs), ``loopback`` (``--open``: requests from
+    this machine not through a proxy) or ``anyone`` (this function's default, for an app embedded in-process,
+    as tests build it). The database's tokens are re-read every ``token_refresh_s``. Every write is
+    authenticated and its body bounded before anything reads it (``collector.guard``: 401/403 unread, 413 for
+    a body over 64 MiB, ``ingest.MAX_BATCH_BYTES``).
 
     ``fast_ingest=False`` leaves ``POST /api/v1/ingest`` to the FastAPI route (tests compare the two).
 
@@ -97,7 +104,7 @@ def create_app(
     )
 
     auth = Authenticator(
-        db, static_token=settings.token, local_token=local_token, required=auth_required, refresh_s=token_refresh_s
+        db, static_token=settings.token, local_token=local_token, anonymous=anonymous, refresh_s=token_refresh_s
     )
 
     @asynccontextmanager
@@ -140,7 +147,9 @@ def create_app(
     # Agent batches skip FastAPI's routing and dependency injection (collector.ingest); inside
     # InternalErrorMiddleware, so an exception no handler takes is answered the same JSON 500.
     if fast_ingest:
-        app.add_middleware(IngestFastPath, handler=ingest, handlers=lambda: app.exception_handlers)
+        app.add_middleware(IngestFastPath, handler=ingest, auth=auth, handlers=lambda: app.exception_handlers)
+    # In front of both: a write's token and body size are checked before anything reads the body.
+    app.add_middleware(WriteGuard, auth=auth, handlers=lambda: app.exception_handlers)
     app.add_middleware(InternalErrorMiddleware)
     contract.install(app, OPENAPI_BODIES)
     _serve_docs(app, auth)
@@ -162,8 +171,7 @@ def _serve_docs(app: FastAPI, auth: Authenticator) -> None:
 def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
     async def api_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status, headers=headers)
+        return error_response(exc)
 
     async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
         # FastAPI's own parameter checks (e.g. limit=-1), reshaped like every other 422 here.
@@ -191,7 +199,7 @@ def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
         return JSONResponse({"error": str(exc), "field": None}, status_code=503)
 
     async def bound_error(_request: Request, exc: Exception) -> JSONResponse:
-        # A value outside wattwatch.limits that a route checked after decoding (a time outside the window,
+        # A value outside wattwatch.protocol.limits that a route checked after decoding (a time outside the window,
         # a job end before its start): 422 naming the field, like a body that does not decode.
         assert isinstance(exc, BoundError)
         return JSONResponse({"error": exc.message, "field": exc.field}, status_code=422)

@@ -7,9 +7,13 @@ Credentials, each sent as ``Authorization: Bearer <token>``:
 - the static ``WATTWATCH_TOKEN`` (``--token``/``--token-file``): an admin token, as before tokens existed;
 - ``local_token``: the in-process agent of ``wattwatch up`` (admin; never switches authentication on).
 
-With none of them configured and no token in the database the collector is open (loopback default);
-once a token exists (not revoked), or when the collector listens beyond loopback (``required``), every
-route but /healthz and /readyz needs one. The database's tokens are re-read every ``refresh_s``, so a
+Callers without a token (``anonymous``): ``nobody`` (``wattwatch collector``'s default: every route but
+/healthz and /readyz needs a token), ``loopback`` (``--open``, and ``wattwatch up``: requests from this
+machine, straight to the collector, need none) or ``anyone`` (an app embedded in-process, as tests build
+it). Either way anonymous access ends for good once tokens were ever configured: a static token, or any
+row in the token table, revoked ones included, so revoking the last token never reopens the collector.
+A request carrying ``Forwarded``, ``X-Forwarded-For`` or ``X-Real-IP`` came through a proxy and is never
+from this machine, whatever its peer address. The database's tokens are re-read every ``refresh_s``, so a
 token created or revoked while the collector runs counts within that time; if the database is away the
 last set read stays in force (so /metrics can still report a database that is down).
 """
@@ -21,12 +25,14 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from fastapi import Request
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.types import Scope
 
 from wattwatch.collector.errors import ApiError
 from wattwatch.storage import tokens
@@ -38,6 +44,11 @@ DEFAULT_REFRESH_S = 2.0
 # How often last-used times are written (each write is a small transaction).
 LAST_USED_EVERY_S = 60.0
 CREATE_HINT = "create one with `wattwatch token create --role reader` (or --role agent --host HOST)"
+# Who may call without a token while none was ever configured (module docstring).
+Anonymous = Literal["nobody", "loopback", "anyone"]
+ANONYMOUS_MODES: tuple[Anonymous, ...] = ("nobody", "loopback", "anyone")
+# Headers a reverse proxy adds: their presence means the peer address is the proxy's, not the caller's.
+PROXY_HEADERS = (b"forwarded", b"x-forwarded-for", b"x-real-ip")
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,28 @@ OPEN = Principal("open")
 class _Snapshot:
     by_prefix: dict[str, list[tokens.ActiveToken]]
     loaded_at_s: float
+    configured: bool  # any token row, revoked ones too: anonymous access is over for good
+
+
+def is_local(scope: Scope) -> bool:
+    """Whether an ASGI HTTP ``scope`` is a request from this machine, straight to the collector.
+
+    The peer must be a loopback address and the request carry no proxy header (``PROXY_HEADERS``): a
+    reverse proxy on this host connects from loopback on behalf of callers anywhere.
+    """
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())
+    if any(name in PROXY_HEADERS for name, _ in headers):
+        return False
+    client = scope.get("client")
+    if not client:
+        return False  # no peer address (a Unix socket, an in-process call): nothing says it is local
+    try:
+        address = ipaddress.ip_address(client[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:127.0.0.1 from a dual-stack socket
+    return address.is_loopback
 
 
 class Authenticator:
@@ -104,7 +137,7 @@ class Authenticator:
         *,
         static_token: str = "",
         local_token: str = "",
-        required: bool = False,
+        anonymous: Anonymous = "anyone",
         refresh_s: float = DEFAULT_REFRESH_S,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -112,7 +145,10 @@ class Authenticator:
         self._engine = engine
         self._static = static_token.encode()
         self._local = local_token.encode()
-        self._required = required or bool(static_token)
+        if anonymous not in ANONYMOUS_MODES:
+            raise ValueError(f"anonymous must be one of {ANONYMOUS_MODES}, not {anonymous!r}")
+        # A static token is a configured token: nobody gets in without one.
+        self._anonymous: Anonymous = "nobody" if static_token else anonymous
         self._refresh_s = refresh_s
         self._clock = clock
         self._wall_clock = wall_clock
@@ -131,7 +167,17 @@ class Authenticator:
 
     def __call__(self, request: Request) -> Principal:
         """Authenticate ``request`` (any role)."""
-        return self.authenticate(request.headers.get("authorization"))
+        return self.for_scope(request.scope)
+
+    def for_scope(self, scope: Scope) -> Principal:
+        """Authenticate an ASGI HTTP ``scope`` from its headers alone (``collector.guard`` calls this before
+        anything reads the body)."""
+        authorization = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":  # the first, as Starlette's Headers.get
+                authorization = value.decode("latin-1")
+                break
+        return self.authenticate(authorization, local=is_local(scope))
 
     def reader(self, request: Request) -> Principal:
         """Authenticate and require the right to read."""
@@ -145,8 +191,9 @@ class Authenticator:
         who.require_write(None)
         return who
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The Principal for an ``Authorization`` header value; raises ApiError(401)."""
+    def authenticate(self, authorization: str | None, *, local: bool = False) -> Principal:
+        """The Principal for an ``Authorization`` header value of a request (``local``: ``is_local``);
+        raises ApiError(401) naming what is missing."""
         scheme, _, given = (authorization or "").partition(" ")
         given = given.strip()
         bearer = given if scheme.lower() == "bearer" and given else None
@@ -163,11 +210,25 @@ class Authenticator:
                 if tokens.matches(bearer, candidate.sha256):
                     self._used[candidate.id] = self._wall_clock()
                     return Principal(candidate.role, candidate.host, candidate.id)
-        if not self._required and not snapshot.by_prefix:
-            return OPEN
-        if bearer is None:
+        if bearer is not None:
+            raise ApiError(401, "bearer token unknown or revoked; see `wattwatch token list`", "Authorization")
+        if snapshot.configured or self._static:
             raise ApiError(401, f"this collector needs `Authorization: Bearer <token>`; {CREATE_HINT}", "Authorization")
-        raise ApiError(401, "bearer token unknown or revoked; see `wattwatch token list`", "Authorization")
+        if self._anonymous == "nobody":
+            raise ApiError(
+                401,
+                "this collector takes no anonymous requests and has no token yet; "
+                f"{CREATE_HINT}, or start it with --open for anonymous access from this machine",
+                "Authorization",
+            )
+        if self._anonymous == "anyone" or local:
+            return OPEN
+        raise ApiError(
+            401,
+            "anonymous requests are taken from this machine only, straight to the collector (not through a "
+            f"proxy: Forwarded / X-Forwarded-For); send `Authorization: Bearer <token>`; {CREATE_HINT}",
+            "Authorization",
+        )
 
     def is_fresh(self) -> bool:
         """Whether authenticating now needs no database read (the tokens read last are still current)."""
@@ -184,7 +245,10 @@ class Authenticator:
             if snap is not None and now_s - snap.loaded_at_s < self._refresh_s:
                 return snap  # another thread refreshed while this one waited
             try:
-                snap = _Snapshot(tokens.active_tokens(self._engine), now_s)
+                by_prefix = tokens.active_tokens(self._engine)
+                # Once configured, always: a table emptied by hand does not reopen a running collector.
+                configured = bool(by_prefix) or (snap is not None and snap.configured) or tokens.any_ever(self._engine)
+                snap = _Snapshot(by_prefix, now_s, configured)
             except SQLAlchemyError as exc:
                 if snap is None:
                     raise  # never read: the database error handler answers 503 saying why
@@ -221,7 +285,17 @@ def is_loopback(host: str) -> bool:
 def open_collector_error(listen: str) -> str:
     """The one line a collector prints when it would listen beyond loopback with no token."""
     return (
-        f"refusing to listen on {listen} with no token: anyone reaching it could write and read energy data; "
+        f"refusing to listen on {listen} with no token: no agent on another machine could write to it; "
         "create one with `wattwatch token create --db URL --role agent --host HOST` (or set WATTWATCH_TOKEN / "
-        "--token-file), or pass --allow-open to run open on purpose"
+        "--token-file), or pass --allow-open to start now and create tokens later"
     )
+
+
+# The scope key under which ``guard.WriteGuard`` leaves a write request's Principal for the routes.
+PRINCIPAL = "wattwatch.principal"
+
+
+def principal_of(scope: Mapping[str, Any]) -> Principal | None:
+    """The Principal the write guard found for this request, if it ran."""
+    who = scope.get(PRINCIPAL)
+    return who if isinstance(who, Principal) else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from wattwatch import wire
+from wattwatch.protocol import wire
 
 
 class JobStart(wire.Job, kw_only=True):

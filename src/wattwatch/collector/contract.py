@@ -26,9 +26,9 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from wattwatch import limits, wire
 from wattwatch.collector.responses import RESPONSE_BODIES
-from wattwatch.units import TIME_EXAMPLES, TIME_PATTERN, JobKind
+from wattwatch.protocol import limits, wire
+from wattwatch.protocol.units import TIME_EXAMPLES, TIME_PATTERN, JobKind
 
 BEARER = "bearerToken"
 # Routes anyone may call, with or without a token (load balancers and orchestrators probe them).

@@ -1,12 +1,21 @@
-"""The one exception routes raise to answer with an error (app.py turns it into JSON), and the middleware
-that answers every other exception with a JSON 500."""
+"""The one exception routes raise to answer with an error (app.py turns it into JSON), the way raw ASGI code
+in front of FastAPI answers an exception with the app's own handlers, and the middleware that answers every
+other exception with a JSON 500."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
+from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# An app's exception handlers by exception class (FastAPI's ``app.exception_handlers``).
+Handlers = Callable[[], dict[Any, Callable[..., Any]]]
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +28,32 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.field = field
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """``exc`` as its JSON answer; a 401 says which scheme to use (``WWW-Authenticate: Bearer``)."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status, headers=headers)
+
+
+async def answer_with_handler(handlers: Handlers, exc: Exception, scope: Scope, receive: Receive, send: Send) -> bool:
+    """Answer ``exc`` with the app's handler for its class or a base, as Starlette looks them up; False when
+    none takes it (Exception's handler, if any, answers 500s: the outer middleware's job)."""
+    table = handlers()
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return False
+        handle = table.get(cls)
+        if handle is None:
+            continue
+        request = Request(scope, receive)
+        if asyncio.iscoroutinefunction(handle):
+            response = await handle(request, exc)
+        else:
+            response = await run_in_threadpool(handle, request, exc)
+        await response(scope, receive, send)
+        return True
+    return False
 
 
 class InternalErrorMiddleware:

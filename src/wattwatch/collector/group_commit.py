@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from wattwatch import wire
-from wattwatch.storage.group_ingest import DeviceCache, IngestResult, Outcome, Pending, ingest_many
+from wattwatch.protocol import wire
+from wattwatch.storage.group_ingest import IngestResult, Outcome, Pending, ingest_many
+from wattwatch.storage.ingest_cache import DeviceCache
 
 log = logging.getLogger(__name__)
 

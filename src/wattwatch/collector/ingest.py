@@ -1,6 +1,7 @@
 """``POST /api/v1/ingest``: what storing an agent batch takes, and a raw ASGI path to it in front of FastAPI.
 
-``IngestHandler`` authenticates, decodes, checks and stores one batch; the FastAPI route (``routes.py``,
+``IngestHandler`` decodes, checks and stores one batch of an authenticated caller (``collector.guard``
+authenticated it, before the body was read); the FastAPI route (``routes.py``,
 which also gives the OpenAPI document its operation) and ``IngestFastPath`` both call it. The fast path
 answers the same requests with the same bodies: every error is answered by the app's own exception
 handlers (a 4xx or 503 with ``{"error", "field"}``), anything else propagates to the middleware that
@@ -11,19 +12,18 @@ already done by hand (its body is read raw and decoded with msgspec, its headers
 
 from __future__ import annotations
 
-import asyncio
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wattwatch import grid, limits, wire
-from wattwatch.collector.auth import Authenticator
-from wattwatch.collector.errors import ApiError
+from wattwatch.carbon import grid
+from wattwatch.collector.auth import Authenticator, Principal, principal_of
+from wattwatch.collector.context import Context
+from wattwatch.collector.errors import ApiError, Handlers, answer_with_handler
+from wattwatch.protocol import limits, wire
 from wattwatch.storage import repository
 from wattwatch.storage.group_ingest import Pending
 
@@ -49,28 +49,26 @@ def gunzip(body: bytes, limit_bytes: int) -> bytes:
 
 
 class IngestHandler:
-    """Store one agent batch: ``await handler(authorization, body, content_encoding)`` is the answer's body,
+    """Store one agent batch: ``await handler(who, body, content_encoding)`` is the answer's body,
     or raises what answers the request (ApiError, BoundError, AgentIdTaken/KeyReused as a 409 ApiError, a
     database error)."""
 
-    def __init__(self, ctx: Any, auth: Authenticator) -> None:
-        # ctx: routes.Context (imported there: routes imports this module).
+    def __init__(self, ctx: Context, auth: Authenticator) -> None:
         self._ctx = ctx
         self._auth = auth
         self._window = ctx.settings.time_window()
 
-    async def __call__(self, authorization: str | None, body: bytes, content_encoding: str | None) -> dict[str, Any]:
-        """Authenticate, decode, check and store the batch; ``{"accepted", "duplicate", "intervals"}``."""
+    async def __call__(self, who: Principal, body: bytes, content_encoding: str | None) -> dict[str, Any]:
+        """Decode, check and store ``who``'s batch; ``{"accepted", "duplicate", "intervals"}``."""
         ctx = self._ctx
         # A request waiting for its group's commit holds no thread (a thousand agents would otherwise queue
         # behind the thread pool's 40). A typical batch is checked here, in the event loop: decoding holds
         # the GIL wherever it runs, and the hop to the thread pool cost more than decoding 50 intervals.
-        # Authentication that must read the database's tokens, and a large or compressed body (that would
-        # hold up every other connection), run on the pool.
-        if len(body) <= INLINE_BATCH_BYTES and not content_encoding and self._auth.is_fresh():
-            pending = self.checked(authorization, body, content_encoding)
+        # A large or compressed body (that would hold up every other connection) is checked on the pool.
+        if len(body) <= INLINE_BATCH_BYTES and not content_encoding:
+            pending = self.checked(who, body, content_encoding)
         else:
-            pending = await run_in_threadpool(self.checked, authorization, body, content_encoding)
+            pending = await run_in_threadpool(self.checked, who, body, content_encoding)
         try:
             result = await ctx.writer.store(pending)
         except (repository.AgentIdTaken, repository.KeyReused) as exc:
@@ -83,10 +81,9 @@ class IngestHandler:
             ctx.ingest.intervals.inc(result.n_intervals)
         return {"accepted": True, "duplicate": result.duplicate, "intervals": result.n_intervals}
 
-    def checked(self, authorization: str | None, body: bytes, content_encoding: str | None) -> Pending:
-        """The request's batch, authenticated (401, 403), decoded, checked (415, 413, 422) and hashed."""
+    def checked(self, who: Principal, body: bytes, content_encoding: str | None) -> Pending:
+        """The request's batch, its writer checked (403), decoded, checked (415, 413, 422) and hashed."""
         ctx = self._ctx
-        who = self._auth.authenticate(authorization)
         who.require_write(None)
         encoding = (content_encoding or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
@@ -131,15 +128,14 @@ def conflict(exc: repository.AgentIdTaken | repository.KeyReused) -> ApiError:
 class IngestFastPath:
     """ASGI middleware: ``POST /api/v1/ingest`` straight to ``handler``; everything else to the app.
 
-    ``handlers()`` gives the app's exception handlers (FastAPI's ``app.exception_handlers``), looked up
-    for an exception's class and its bases as Starlette does; an exception none handles propagates.
+    It sits inside ``guard.WriteGuard``, which authenticated the request and bounds its body. ``handlers()``
+    gives the app's exception handlers (``errors.answer_with_handler``); an exception none handles propagates.
     """
 
-    def __init__(
-        self, app: ASGIApp, *, handler: IngestHandler, handlers: Callable[[], dict[Any, Callable[..., Any]]]
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, handler: IngestHandler, auth: Authenticator, handlers: Handlers) -> None:
         self.app = app
         self._handler = handler
+        self._auth = auth
         self._handlers = handlers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -152,34 +148,28 @@ class IngestFastPath:
         ):
             await self.app(scope, receive, send)
             return
-        authorization = content_encoding = None
+
+        content_encoding = None
         for name, value in scope["headers"]:
-            # The first of each, as Starlette's Headers.get.
-            if name == b"authorization" and authorization is None:
-                authorization = value.decode("latin-1")
-            elif name == b"content-encoding" and content_encoding is None:
+            if name == b"content-encoding":  # the first, as Starlette's Headers.get
                 content_encoding = value.decode("latin-1")
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client is gone: nobody to answer
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
                 break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            answer = await self._handler(authorization, body, content_encoding)
+            who = principal_of(scope) or self._auth.for_scope(scope)
+            chunks = []
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the client is gone: nobody to answer
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            del chunks
+            answer = await self._handler(who, body, content_encoding)
         except Exception as exc:
-            handle = self._lookup(exc)
-            if handle is None:
+            if not await answer_with_handler(self._handlers, exc, scope, receive, send):
                 raise
-            request = Request(scope, receive)
-            if asyncio.iscoroutinefunction(handle):
-                response = await handle(request, exc)
-            else:
-                response = await run_in_threadpool(handle, request, exc)
-            await response(scope, receive, send)
             return
         payload = wire.encode(answer)
         await send(
@@ -190,12 +180,3 @@ class IngestFastPath:
             }
         )
         await send({"type": "http.response.body", "body": payload})
-
-    def _lookup(self, exc: Exception) -> Callable[..., Any] | None:
-        handlers = self._handlers()
-        for cls in type(exc).__mro__:
-            if cls is Exception:
-                break  # Exception's handler (if any) answers 500s: the outer middleware's job
-            if cls in handlers:
-                return handlers[cls]
-        return None

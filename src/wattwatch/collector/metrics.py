@@ -27,11 +27,11 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from wattwatch import carbon_policy
+from wattwatch.carbon import policy as carbon_policy
 from wattwatch.collector.leader import MetricsLeader
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
-from wattwatch.storage.reads import MetricsSnapshot, metrics_snapshot
+from wattwatch.storage.metrics_reads import MetricsSnapshot, metrics_snapshot
 from wattwatch.storage.span_reads import SpanFigures
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from wattwatch.units import DeviceKind, JobKind, Source
+from wattwatch.protocol.units import DeviceKind, JobKind, Source
 
 Joules = Annotated[float, msgspec.Meta(description="joules")]
 Seconds = Annotated[float, msgspec.Meta(description="seconds")]

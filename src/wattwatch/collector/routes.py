@@ -2,55 +2,36 @@
 
 Routes that touch the database are plain ``def``: FastAPI runs them on its thread pool, so the
 synchronous SQLAlchemy calls never block the event loop. Bodies are read raw and decoded with
-msgspec (``wattwatch.wire``), which names the offending field of a bad body.
+msgspec (``wattwatch.protocol.wire``), which names the offending field of a bad body.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from sqlalchemy import Engine
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from wattwatch import carbon_policy, limits, wire
+from wattwatch.carbon import policy as carbon_policy
 from wattwatch.collector import contract
-from wattwatch.collector.auth import Authenticator, Principal
+from wattwatch.collector.auth import Authenticator, Principal, principal_of
 from wattwatch.collector.bodies import JobEnd, JobStart, QueriesIn
+from wattwatch.collector.context import Context
 from wattwatch.collector.errors import ApiError
-from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.collector.ingest import MAX_BATCH_BYTES, IngestHandler, conflict, gunzip
-from wattwatch.collector.metrics import IngestMetrics
-from wattwatch.collector.span_scheduler import SpanEnergyScheduler
-from wattwatch.config import Settings
 from wattwatch.errors import StorageError
+from wattwatch.protocol import limits, wire
+from wattwatch.protocol.units import JOB_KINDS, iso_utc, parse_time_s
 from wattwatch.storage import repository
 from wattwatch.storage.engine import check_schema
 from wattwatch.storage.job_refs import AmbiguousJob
 from wattwatch.storage.reads import resolve_job
-from wattwatch.units import JOB_KINDS, iso_utc, parse_time_s
 
 T = TypeVar("T")
 JobId = contract.JobId
 # Job ids may hold "/" (a wire Key: agents name Kubernetes jobs "ns/name"), so routes take the id as a
 # ``path``: /api/v1/jobs/ns/name/end ends job "ns/name". The document still says ``{job_id}``.
-
-
-@dataclass(frozen=True)
-class Context:
-    """What one collector app's routes share."""
-
-    settings: Settings
-    engine: Engine
-    registry: CollectorRegistry
-    ingest: IngestMetrics
-    clock: Callable[[], float]
-    span_energy: SpanEnergyScheduler
-    # Ingest goes through group commit: concurrent batches share one transaction (collector.group_commit).
-    writer: GroupCommitter
 
 
 async def _raw_body(request: Request) -> bytes:
@@ -128,7 +109,11 @@ ContentEncoding = Annotated[str | None, Header(alias="Content-Encoding", include
 
 
 def _writer(request: Request) -> Principal:
-    # Module level, so the annotation below resolves; the app's Authenticator is in its state (app.py).
+    # Module level, so the annotation below resolves. collector.guard authenticated the request before its
+    # body was read and left the Principal in the scope; the app's Authenticator (its state) is the fallback.
+    who = principal_of(request.scope)
+    if who is not None:
+        return who
     auth: Authenticator = request.app.state.auth
     return auth.writer(request)
 
@@ -166,12 +151,12 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
         response_model=None,
         tags=["agents"],
     )
-    async def ingest(request: Request, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
+    async def ingest(who: Writer, body: RawBody, content_encoding: ContentEncoding = None) -> dict[str, Any]:
         """Store an agent batch (JSON, optionally gzip). Idempotent by (agent_id, seq); an agent id belongs to
         the first host that pushed it, and a key reused with other content is a 409."""
         # The app serves this path with ingest.IngestFastPath, in front of FastAPI, calling the same
         # handler; this route gives the OpenAPI document its operation and serves apps built without it.
-        return await ingest_handler(request.headers.get("authorization"), body, content_encoding)
+        return await ingest_handler(who, body, content_encoding)
 
     @router.post(
         "/api/v1/jobs",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from wattwatch.units import DeviceKind, Source
+from wattwatch.protocol.units import DeviceKind, Source
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from wattwatch.errors import DeviceLost, DeviceNotFound, SensorError
+from wattwatch.protocol.units import Source
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.nvml_boundary import CounterPoller
 from wattwatch.sensors.nvml_device import (
@@ -38,7 +39,6 @@ from wattwatch.sensors.nvml_errors import NO_DRIVER, NO_DRIVER_FIX, nvml_errors,
 from wattwatch.sensors.nvml_processes import gpu_utilization, list_pids, mean_utilization, read_samples
 from wattwatch.sensors.nvml_timing import SHORT_POLL_MAX_S
 from wattwatch.sensors.visible import resolve_visible
-from wattwatch.units import Source
 
 __all__ = [
     "NO_DRIVER",

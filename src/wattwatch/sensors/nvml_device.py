@@ -13,12 +13,12 @@ from itertools import pairwise
 from typing import Any
 
 from wattwatch.errors import DeviceLost, NotSupported, SensorError
+from wattwatch.protocol.units import Source, mj_to_j, mw_to_w
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
 from wattwatch.sensors.nvml_errors import nvml_errors, translate_nvml_error
 from wattwatch.sensors.nvml_grid import Change, CounterRead
 from wattwatch.sensors.nvml_processes import SamplePeriod
 from wattwatch.sensors.nvml_timing import CounterTiming
-from wattwatch.units import Source, mj_to_j, mw_to_w
 
 log = logging.getLogger(__name__)
 

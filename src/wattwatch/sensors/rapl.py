@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattwatch.errors import DeviceNotFound, PermissionDenied, SensorError
+from wattwatch.protocol.units import DeviceKind, uj_to_j
 from wattwatch.sensors.base import DeviceInfo, EnergyReading
-from wattwatch.units import DeviceKind, uj_to_j
 
 log = logging.getLogger(__name__)
 

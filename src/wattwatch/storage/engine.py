@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from wattwatch.errors import StorageError
+from wattwatch.storage.revisions import current_revision_of, head_revision, known_revisions
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 # Execution option that makes a SQLite transaction take the write lock at BEGIN (see _begin).
@@ -105,6 +108,13 @@ def _sqlite_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN")
 
 
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """One write transaction (on SQLite it takes the write lock at BEGIN; see engine._sqlite_begin)."""
+    with engine.connect().execution_options(**{WRITE_TX: True}) as conn, conn.begin():
+        yield conn
+
+
 def check_ready(url: str) -> Engine:
     """An Engine for ``url`` after checking the database exists, is reachable and fully migrated.
 
@@ -126,9 +136,6 @@ def check_ready(url: str) -> Engine:
 
 def check_schema(engine: Engine, url: str | None = None) -> None:
     """Raise StorageError unless ``engine``'s database is reachable and at this wattwatch's revision."""
-    # Imported here: migrate imports this module for make_engine.
-    from wattwatch.storage.migrate import current_revision_of, head_revision, known_revisions
-
     shown = display_url(url if url is not None else engine.url)
     try:
         with engine.connect() as conn:

@@ -13,7 +13,6 @@ each batch alone, so only a batch that fails by itself is refused.
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +20,9 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, Engine, func, select, tuple_
 
-from wattwatch import grid, wire
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
+from wattwatch.carbon import grid
+from wattwatch.protocol import wire
 from wattwatch.storage import raw_batches, tables
 from wattwatch.storage.dialect import (
     append_rows,
@@ -33,7 +33,11 @@ from wattwatch.storage.dialect import (
     upsert,
     upsert_rows,
 )
+from wattwatch.storage.engine import write_transaction
 from wattwatch.storage.idempotency import AgentIdTaken, KeyReused
+from wattwatch.storage.ingest_cache import DeviceCache, DeviceRows
+from wattwatch.storage.job_writes import job_rows, reopen_jobs, upsert_job_rows
+from wattwatch.storage.rollup_writes import add_device_energy, add_idle, add_job_device_energy, add_job_hosts
 from wattwatch.storage.spans import record_spans, record_ticks_many
 from wattwatch.storage.tables import agents, devices, hosts, ingested_batches
 
@@ -61,109 +65,6 @@ class Pending:
 
 
 Outcome = IngestResult | AgentIdTaken | KeyReused
-DeviceRows = tuple[tuple[Any, ...], ...]
-
-
-class DeviceCache:
-    """Device ids per host as last committed, with the descriptions they were stored with; and the ids of
-    jobs known to have a row.
-
-    An agent sends its devices in every batch; they change about never. A host whose batch describes its
-    devices exactly as cached needs no devices upsert (a statement and ten row versions per batch).
-    Likewise every interval names its jobs, and a job named for the first time gets a placeholder row: a
-    job whose row is known to exist needs none (a statement per group, rows per job). Only committed ids
-    enter the cache (``commit``), so a rolled-back group leaves nothing behind; nothing deletes devices or
-    jobs, so a cached id stays valid.
-    """
-
-    # Job ids remembered at most; past it the set starts over (a few more placeholder upserts, no harm).
-    MAX_JOBS = 100_000
-
-    def __init__(self) -> None:
-        self._hosts: dict[int, tuple[DeviceRows, dict[str, int]]] = {}
-        self.jobs: set[str] = set()
-        # Agent id -> the host it is bound to: a binding is written once and never changed nor deleted, so
-        # a committed one is valid for good (saves a SELECT per group).
-        self.owners: dict[str, str] = {}
-        # Host name -> id: a host row is never deleted nor renamed (saves SQLite a SELECT per group).
-        self.host_ids: dict[str, int] = {}
-        # What each writer thread's running transaction wrote: one cache serves every writer thread, so a
-        # host's devices are upserted once per collector process, not once per thread.
-        self._local = threading.local()
-        self._lock = threading.Lock()
-
-    @property
-    def _staged(self) -> dict[int, tuple[DeviceRows, dict[str, int]]]:
-        staged: dict[int, tuple[DeviceRows, dict[str, int]]] | None = getattr(self._local, "staged", None)
-        if staged is None:
-            staged = self._local.staged = {}
-        return staged
-
-    @property
-    def _staged_jobs(self) -> set[str]:
-        staged: set[str] | None = getattr(self._local, "jobs", None)
-        if staged is None:
-            staged = self._local.jobs = set()
-        return staged
-
-    @property
-    def _staged_owners(self) -> dict[str, str]:
-        staged: dict[str, str] | None = getattr(self._local, "owners", None)
-        if staged is None:
-            staged = self._local.owners = {}
-        return staged
-
-    @property
-    def _staged_host_ids(self) -> dict[str, int]:
-        staged: dict[str, int] | None = getattr(self._local, "host_ids", None)
-        if staged is None:
-            staged = self._local.host_ids = {}
-        return staged
-
-    def stage_host_ids(self, host_ids: dict[str, int]) -> None:
-        """Remember host ids the running transaction read, for ``commit``."""
-        self._staged_host_ids.update(host_ids)
-
-    def stage_owners(self, owners: dict[str, str]) -> None:
-        """Remember agent bindings the running transaction read or wrote, for ``commit``."""
-        self._staged_owners.update(owners)
-
-    def stage_jobs(self, job_ids: set[str]) -> None:
-        """Remember job ids the running transaction gave a row, for ``commit``."""
-        self._staged_jobs.update(job_ids)
-
-    def get(self, host_id: int, described: DeviceRows) -> dict[str, int] | None:
-        """The host's device ids when ``described`` is what was stored, else None."""
-        with self._lock:
-            found = self._hosts.get(host_id)
-        return found[1] if found is not None and found[0] == described else None
-
-    def stage(self, host_id: int, described: DeviceRows, ids: dict[str, int]) -> None:
-        """Remember ids written by the running transaction, for ``commit``."""
-        self._staged[host_id] = (described, ids)
-
-    def commit(self) -> None:
-        """The calling thread's transaction committed: its staged ids are valid."""
-        with self._lock:
-            self._hosts.update(self._staged)
-            if len(self.jobs) + len(self._staged_jobs) > self.MAX_JOBS:
-                self.jobs = set()
-            # In place: other threads only test membership, which the GIL keeps whole.
-            self.jobs |= self._staged_jobs
-            if len(self.owners) + len(self._staged_owners) > self.MAX_JOBS:
-                self.owners = {}
-            self.owners.update(self._staged_owners)
-            if len(self.host_ids) + len(self._staged_host_ids) > self.MAX_JOBS:
-                self.host_ids = {}
-            self.host_ids.update(self._staged_host_ids)
-        self.rollback()
-
-    def rollback(self) -> None:
-        """The calling thread's transaction rolled back: forget what it staged."""
-        self._local.staged = {}
-        self._local.jobs = set()
-        self._local.owners = {}
-        self._local.host_ids = {}
 
 
 def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | None = None) -> list[Outcome]:
@@ -173,9 +74,6 @@ def ingest_many(engine: Engine, items: Sequence[Pending], cache: DeviceCache | N
     nothing). Any other error rolls back the whole group and raises. ``cache`` (one per writer thread)
     saves the devices upsert for hosts whose devices did not change.
     """
-    # Imported here: repository imports this module for ingest_batch.
-    from wattwatch.storage.repository import write_transaction
-
     try:
         with write_transaction(engine) as conn:
             outcomes = ingest_many_in(conn, items, cache)
@@ -286,9 +184,6 @@ def _claim_batches(conn: Connection, items: Sequence[Pending], outcomes: list[Ou
 
 def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None) -> None:
     """Write the new batches: hosts, devices, jobs, raw intervals and the rollups, one statement per table."""
-    # Imported here: repository imports this module.
-    from wattwatch.storage import repository as repo
-
     host_ids = _upsert_hosts(conn, items, cache)
     device_ids = _upsert_devices(conn, items, host_ids, cache)
     rollups = [rollup_intervals(item.batch.intervals) for item in items]
@@ -337,10 +232,10 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     # None of these writes needs another's result: on PostgreSQL they go out in one pipeline.
     with pipelined(conn):
         append_rows(conn, tables.raw_batches, raw_batches.COLUMNS, raw_rows)
-        repo.add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
-        repo.add_job_hosts(conn, job_hosts)
-        repo.add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])
-        repo.add_device_energy(conn, per_device)
+        add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
+        add_job_hosts(conn, job_hosts)
+        add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])
+        add_device_energy(conn, per_device)
         record_ticks_many(conn, sorted(ticks.items()))
     # Spans read rows back (RETURNING), which a pipeline cannot give SQLAlchemy: after it.
     for item in items:
@@ -478,13 +373,11 @@ def _upsert_jobs(
     firsts: Sequence[dict[str, float]] | None = None,
 ) -> None:
     """Job records and placeholders of the group; one statement each unless two batches record one job.
-    ``firsts``: per item, each job's first interval start (``repository.job_rows``)."""
-    from wattwatch.storage import repository as repo
-
+    ``firsts``: per item, each job's first interval start (``job_writes.job_rows``)."""
     if firsts is None:
-        per_item = [repo.job_rows(item.batch, item.received_at_s) for item in items]
+        per_item = [job_rows(item.batch, item.received_at_s) for item in items]
     else:
-        per_item = [repo.job_rows(i.batch, i.received_at_s, f) for i, f in zip(items, firsts, strict=True)]
+        per_item = [job_rows(i.batch, i.received_at_s, f) for i, f in zip(items, firsts, strict=True)]
     real_ids = [r["id"] for rows in per_item for r in rows if not r["placeholder"]]
     real = set(real_ids)
     # Membership tests only: other writer threads add to it (under the GIL, a test sees it whole).
@@ -497,20 +390,20 @@ def _upsert_jobs(
                     r = {**r, "started_at_s": min(r["started_at_s"], placeholders[r["id"]]["started_at_s"])}
                 placeholders[r["id"]] = r
     if placeholders:
-        repo.upsert_job_rows(conn, [placeholders[k] for k in sorted(placeholders)])
+        upsert_job_rows(conn, [placeholders[k] for k in sorted(placeholders)])
     if cache is not None:
         cache.stage_jobs(real | placeholders.keys())
     if not real_ids:
         return
     if len(real) == len(real_ids):
         # One lock order for every writer (PostgreSQL deadlocks): rows sorted by id.
-        repo.upsert_job_rows(conn, sorted((r for rows in per_item for r in rows if not r["placeholder"]), key=_id))
+        upsert_job_rows(conn, sorted((r for rows in per_item for r in rows if not r["placeholder"]), key=_id))
     else:  # two records of one job in the group: apply them in order, as separate batches would
         for rows in per_item:
-            repo.upsert_job_rows(conn, [r for r in rows if not r["placeholder"]])
+            upsert_job_rows(conn, [r for r in rows if not r["placeholder"]])
     for item, rows in zip(items, per_item, strict=True):
         running = [r["id"] for r in rows if not r["placeholder"] and r["ended_at_s"] is None]
-        repo.reopen_jobs(conn, running, item.batch.sent_at_s)
+        reopen_jobs(conn, running, item.batch.sent_at_s)
 
 
 def _id(row: dict[str, Any]) -> str:

@@ -17,10 +17,11 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
-from wattwatch import wire
-from wattwatch.carbon_policy import CarbonPolicy
+from wattwatch.carbon.policy import CarbonPolicy
+from wattwatch.protocol import wire
+from wattwatch.storage.job_entries import job_entries, policy_of, snapshot
+from wattwatch.storage.metrics_reads import POWER_FRESH_S
 from wattwatch.storage.raw_batches import decode_intervals
-from wattwatch.storage.reads import POWER_FRESH_S, _job_entries, _policy, _snapshot
 from wattwatch.storage.tables import devices, hosts, jobs, raw_batches
 
 # Hosts silent for longer than this are left out (their devices' power is no "now").
@@ -64,8 +65,8 @@ def live_view(
     jobs by start."""
     rb = raw_batches
     running = select(jobs.c.id).where(jobs.c.ended_at_s.is_(None), jobs.c.phase_of.is_(None))
-    with _snapshot(engine) as conn:
-        entries = _job_entries(conn, running, carbon=_policy(carbon, 400.0, 1.0), now_s=now_s)
+    with snapshot(engine) as conn:
+        entries = job_entries(conn, running, carbon=policy_of(carbon, 400.0, 1.0), now_s=now_s)
         host_rows = conn.execute(
             select(hosts.c.id, hosts.c.name, hosts.c.last_seen_s)
             .where(hosts.c.last_seen_s >= now_s - host_fresh_s)

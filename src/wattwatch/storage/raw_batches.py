@@ -8,7 +8,7 @@ instead of one per interval is what makes keeping them affordable: the collector
 batch rather than six per interval, and the database stores one tuple and two index entries per batch.
 
 Encoding (``format`` 1, ``FORMAT_ZLIB_MSGPACK``): ``body`` is zlib-compressed MessagePack of an array of
-maps, each an interval with the field names of the JSON wire format (``wattwatch.wire.Interval``). Any
+maps, each an interval with the field names of the JSON wire format (``wattwatch.protocol.wire.Interval``). Any
 language with zlib and MessagePack reads it; ``read_intervals`` and ``wattwatch db raw`` do it here.
 Device keys are the host's (``devices.key`` with ``devices.host_id = raw_batches.host_id``).
 
@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, select
 
-from wattwatch import wire
+from wattwatch.protocol import wire
 from wattwatch.storage.tables import hosts, raw_batches
 
 FORMAT_ZLIB_MSGPACK = 1

@@ -1,6 +1,6 @@
 """Bounded storage: the prune pass that deletes what is past retention, in bounded chunks.
 
-What each table is for, and so what may go (docs/retention-readme.md says it for operators):
+What each table is for, and so what may go (docs/storage.md says it for operators):
 
 - ``raw_batches``, the raw intervals (one row per batch, shares included: ``storage.raw_batches``):
   read by no report (the rollups are made at ingest), kept ``retention_s`` (default 14 days) for audits
@@ -20,10 +20,10 @@ What each table is for, and so what may go (docs/retention-readme.md says it for
   future, since a batch is received.)
 - Never pruned: ``jobs``, ``job_device_energy``, ``job_hosts``, ``job_query_totals``, ``span_stats``
   (the rollups reports read), ``idle_energy``, ``device_energy`` (totals), hosts, devices, agents and
-  tokens. ``idle_energy`` is compacted instead: hours older than ``reads.IDLE_DAILY_AFTER_S`` (2 days) are
+  tokens. ``idle_energy`` is compacted instead: hours older than ``idle.IDLE_DAILY_AFTER_S`` (2 days) are
   folded into one row per device and day (at the day's midnight), so a 7-day report sums about 50 rows
   per device rather than 168, and history costs 24 times fewer rows. Reports bound idle by whole days
-  that far back (``reads.idle_bounds``), so they read the same sums before and after a fold. Energy is
+  that far back (``idle.idle_bounds``), so they read the same sums before and after a fold. Energy is
   moved, never lost: the fold deletes the hour rows (``DELETE ... RETURNING``, so a row an ingest updates
   meanwhile is folded at its latest value or left for the next pass) and adds what it deleted to the day.
 
@@ -48,8 +48,8 @@ from sqlalchemy import Column, Engine, Integer, Table, cast, delete, func, selec
 
 from wattwatch.storage.dialect import upsert_rows
 from wattwatch.storage.engine import WRITE_TX
-from wattwatch.storage.reads import DAY_S as _DAY_S
-from wattwatch.storage.reads import IDLE_DAILY_AFTER_S, day_floor_s
+from wattwatch.storage.idle import DAY_S as _DAY_S
+from wattwatch.storage.idle import IDLE_DAILY_AFTER_S, day_floor_s
 from wattwatch.storage.tables import (
     energy_intervals,
     idle_energy,

@@ -4,7 +4,7 @@ A job is ended when every host it ran on (``job_hosts``) was last seen (``hosts.
 collector's receive time) before ``now - silent_after_s``; it ends at the last instant any of them
 measured it (``job_hosts.last_s``), with ``ended_by`` ``collector-silent-agent``. That end is
 provisional: an end the agent sends later replaces it, and a restarted agent that re-adopted the job
-opens it again (``repository.reopen_jobs``). Safe to run on several collector replicas at once: a job is
+opens it again (``job_writes.reopen_jobs``). Safe to run on several collector replicas at once: a job is
 only ended while it is still open.
 """
 
@@ -15,7 +15,7 @@ import math
 from sqlalchemy import Engine, func, select, update
 
 from wattwatch.storage.engine import WRITE_TX
-from wattwatch.storage.repository import ENDED_BY_SILENT_AGENT
+from wattwatch.storage.job_writes import ENDED_BY_SILENT_AGENT
 from wattwatch.storage.tables import hosts, job_hosts, jobs
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, update
 
-from wattwatch import wire
+from wattwatch.protocol import wire
 from wattwatch.storage.dialect import append_rows, upsert
 from wattwatch.storage.tables import job_query_totals, job_ticks, query_counts, span_dirty, span_stats
 from wattwatch.storage.tables import queries as queries_table

@@ -49,7 +49,7 @@ hosts = Table(
     Column("agent_id", String(200), nullable=True),
     Column("first_seen_s", Float, nullable=False),
     Column("last_seen_s", Float, nullable=False),
-    # The grid region its agent sent (canonical: FRA, gcp:europe-west9): wattwatch.carbon_policy.
+    # The grid region its agent sent (canonical: FRA, gcp:europe-west9): wattwatch.carbon.policy.
     Column("grid_region", String(64), nullable=True),
 )
 
@@ -168,7 +168,7 @@ idle_energy = Table(
 
 # The same idle energy per device and UTC day, added to by ingest in the same transaction as idle_energy
 # (so a day's row always equals the sum of that day's idle_energy rows): a report whose idle window is whole
-# days (every window reaching back past two days, reads.idle_bounds) sums about 8 rows per device for a
+# days (every window reaching back past two days, idle.idle_bounds) sums about 8 rows per device for a
 # week instead of 50 (migration 0012).
 idle_energy_days = Table(
     "idle_energy_days",

@@ -151,6 +151,12 @@ def any_active(engine: Engine) -> bool:
         )
 
 
+def any_ever(engine: Engine) -> bool:
+    """Whether any token was ever made, revoked ones too (then the collector takes no anonymous requests)."""
+    with engine.connect() as conn:
+        return conn.execute(select(api_tokens.c.id).limit(1)).first() is not None
+
+
 def record_use(engine: Engine, last_used_s: dict[int, float]) -> None:
     """Store when tokens were last used (the collector batches this, at most about once a minute)."""
     if not last_used_s:

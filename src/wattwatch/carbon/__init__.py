@@ -1,0 +1,1 @@
+"""Grid carbon intensity (``grid``) and how a report applies it (``policy``)."""

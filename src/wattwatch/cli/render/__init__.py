@@ -1,0 +1,1 @@
+"""Terminal output for the command line: tables and progress."""

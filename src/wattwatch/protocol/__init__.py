@@ -1,0 +1,1 @@
+"""What the agent and the collector share: the wire format, its limits and units."""

@@ -1,5 +1,7 @@
-"""A short run of benchmarks/agent_overhead.py: it starts every process, measures them and prints the table
-(whether the script works, not a speed target)."""
+"""Short runs of benchmarks/agent_overhead.py: it starts every process, measures them and prints the table;
+at the configuration docs/agent-cpu.md states its target for (8 simulated GPUs, 1 s tick, pushing every 5 s),
+the agent uses at most 1.25x the CPU of CodeCarbon's tracker reading the same boards in the same run, and
+under 60 MB."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "agent_overhead.py"
 
-pytestmark = pytest.mark.e2e
+# slow: a benchmark guard, the agent and CodeCarbon's tracker side by side
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
@@ -44,3 +47,29 @@ def test_short_run_prints_both_tools_with_positive_figures() -> None:
     assert "CodeCarbon measured 2 GPUs" in out.stdout  # it really tracked the simulated boards
     assert "collector stored 0 batches" not in out.stdout  # the agent's pushes arrived
     assert "agent /metrics scraped" in out.stdout and "scraped 0 times" not in out.stdout
+
+
+# The target for the agent (docs/agent-cpu.md: "within 1.25x CodeCarbon's CPU at 8 GPUs, 1 s; RSS < 60 MB"): CPU
+# as a ratio to CodeCarbon's tracker measured over the same window, so it holds on a slower or busier machine.
+# Why 1.25x and not 1.0x: on a shared 2-core machine the ratio measures 1.06-1.14x (a single run moves by about
+# +-10 %). Each push goes through httpx, about 1.3 ms of CPU where a hand-made socket client took about 1.0 ms,
+# and the agent reads each GPU two to three times a tick through the simulator (CodeCarbon once), at the
+# simulator's Python cost per read, which a real driver call does not have.
+MAX_CPU_RATIO_TO_CODECARBON = 1.25
+MAX_AGENT_RSS_MB = 60.0
+
+
+def test_the_agent_uses_at_most_a_quarter_more_cpu_than_codecarbon_and_under_60_mb() -> None:
+    # The script's defaults are the target's configuration (8 GPUs, 1 s tick, a push every 5 s); a 20 s
+    # window after the default 5 s warm-up (start-up and the first push) holds four pushes.
+    args = ["--duration", "20", "--warmup", "5"]
+    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    rows = table_rows(out.stdout)
+    agent = next(v for k, v in rows.items() if k.startswith("wattwatch agent (--simulate 8, 1 s tick, pushing"))
+    codecarbon = next(v for k, v in rows.items() if k.startswith("CodeCarbon OfflineEmissionsTracker (8 simulated"))
+    assert "CodeCarbon measured 8 GPUs" in out.stdout and "collector stored 0 batches" not in out.stdout
+    agent_cpu, codecarbon_cpu = float(agent[0]), float(codecarbon[0])
+    print(f"\nagent {agent_cpu:.3f} of a core, CodeCarbon {codecarbon_cpu:.3f}: {agent[2]}; agent RSS {agent[1]} MB")
+    assert codecarbon_cpu > 0 and agent_cpu <= MAX_CPU_RATIO_TO_CODECARBON * codecarbon_cpu, (agent, codecarbon)
+    assert float(agent[1]) < MAX_AGENT_RSS_MB, agent

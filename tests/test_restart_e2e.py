@@ -1,8 +1,8 @@
 """`kill -9` of a real agent in the middle of a job, a restart 10 s later: the gap is bridged by the GPU
 counters, the job still running is re-adopted and ends when its process ends, the job whose process
 ended while the agent was down is ended when it was last seen. Checked against the simulator's exact
-integral (the simulated boards outlive the agent process, as real GPUs do), on the ideal simulator and,
-as issue 8's acceptance asks, with real hardware's flaws (``--sim-flaws realistic``: each board draws
+integral (the simulated boards outlive the agent process, as real GPUs do), on the ideal simulator and
+with real hardware's flaws (``--sim-flaws realistic``: each board draws
 its own refresh period from 10-200 ms; and every board at 20 ms), which the sensor is not told."""
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, 
     survivor = run_job("survivor", "0", tmp_path / "release-survivor")
     casualty = run_job("casualty", "1", tmp_path / "release-casualty")
     wait_for(lambda: {"survivor", "casualty"} <= set(agent_jobs(home)), 30, "both jobs to start")
-    # The jobs run under the first agent for several ticks and a push. Long enough that the casualty's two
-    # ends (below) stay a small part of its energy on a board that refreshes every 133 ms.
+    # The jobs run under the first agent for several ticks and a push (every 5 s), so the kill finds
+    # batches both pushed and still in the spool.
     time.sleep(CASUALTY_RUN_S)
 
     agent.send_signal(signal.SIGKILL)
@@ -148,31 +148,38 @@ def test_kill_9_and_restart_bridges_the_gap_and_ends_jobs_right(tmp_path: Path, 
     jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
     fleet = SimulatedFleet.replay(home / "simulated-gpus.jsonl", SIM_GPUS)
 
-    def error(job: dict, index: int) -> float:
-        exact = fleet.exact_energy_j(index, job["started_at_s"], job["ended_at_s"])
-        return (job["gpu_energy_j"] - exact) / exact
+    def error_j(job: dict, index: int) -> float:
+        return float(job["gpu_energy_j"]) - fleet.exact_energy_j(index, job["started_at_s"], job["ended_at_s"])
+
+    def boundary_bound_j(job: dict, index: int) -> float:
+        """The most a job's energy can be off: the gap is bridged by the counter, so only its two ends err.
+        Each end's reading adds instant power times the time since the counter's last refresh (up to one
+        refresh period of this board) and instant power may be anywhere in the board's swing over the job;
+        plus 5 J an end for the flaws' NVML call latency (<= 2.3 ms at <= 700 W) and 5 W noise."""
+        t0_s, t1_s = job["started_at_s"], job["ended_at_s"]
+        watts = [fleet.power_w(index, t0_s + 0.01 * k) for k in range(int((t1_s - t0_s) / 0.01) + 1)]
+        return 2 * ((max(watts) - min(watts)) * fleet.refresh_period_s(index) + 5.0)
 
     s = jobs["survivor"]
-    print(f"\nsurvivor {s['duration_s']:.1f} s across a {OUTAGE_S:.0f} s outage: {error(s, 0):+.3%} vs exact")
+    print(
+        f"\nsurvivor {s['duration_s']:.1f} s across a {OUTAGE_S:.0f} s outage: {error_j(s, 0):+.1f} J vs exact "
+        f"(bound {boundary_bound_j(s, 0):.0f} J)"
+    )
     assert s["ended_by"] is None
     assert released_s - 0.5 <= s["ended_at_s"] <= exited_s + 0.5  # ended when its process ended
     assert s["duration_s"] > OUTAGE_S + 6.0
-    assert abs(error(s, 0)) < 0.01
+    assert abs(error_j(s, 0)) <= boundary_bound_j(s, 0)
 
     c = jobs["casualty"]
     exact_c = fleet.exact_energy_j(1, c["started_at_s"], c["ended_at_s"])
     print(
-        f"casualty ended {killed_s - c['ended_at_s']:.2f} s before the kill: {error(c, 1):+.3%} vs exact "
-        f"({c['gpu_energy_j'] - exact_c:+.0f} J of {exact_c:.0f} J)"
+        f"casualty ended {killed_s - c['ended_at_s']:.2f} s before the kill: {error_j(c, 1):+.1f} J of "
+        f"{exact_c:.0f} J vs exact (bound {boundary_bound_j(c, 1):.0f} J)"
     )
     assert c["ended_by"] == "agent-restart"
     assert killed_s - 2.5 <= c["ended_at_s"] <= killed_s
-    # It ends at the last tick handed over before the kill, and a tick's reading adds an estimate of the
-    # energy since the counter's last refresh (instant power over up to a period: 100 ms ideal, 133 ms for
-    # this board under the realistic flaws): through a training step's swings that end is off by up to
-    # ~60 J, up to 4 % of the 3 s this job once ran (seen: -3.9 % to +3.3 %), so it runs 8 s now
-    # (seen: -38 J to +27 J of 3.8 kJ, -1.0 % to +0.7 %).
-    assert abs(error(c, 1)) < 0.03
+    # It ends at the last tick handed over before the kill; that tick's reading is one of its two ends.
+    assert abs(error_j(c, 1)) <= boundary_bound_j(c, 1)
 
     engine = create_engine(db_url)
     try:

@@ -131,7 +131,7 @@ def run(
 
 
 def acceptance(report: Report) -> list[tuple[str, bool, str]]:
-    """The issue's acceptance criteria, each with a verdict and the figure behind it."""
+    """The accuracy targets, each with a verdict and the figure behind it."""
     checks = []
     for row in report.rows:
         err = row.errors.get("wattwatch")

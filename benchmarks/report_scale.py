@@ -9,7 +9,7 @@ Then it serves the real collector app (in-process ASGI, FastAPI's TestClient, no
 the median of ``--repeat`` requests: a 7-day report's first page (``limit=100``), the old unbounded
 report (``since=10000w``, all jobs, one page) for contrast, one job, and ``/metrics``.
 
-Run: ``python benchmarks/report_scale.py`` (small), or for the issue's acceptance figures
+Run: ``python benchmarks/report_scale.py`` (small), or for the target's figures
 ``python benchmarks/report_scale.py --intervals 10000000 --jobs 20000 --hosts 64 --postgres-only``.
 PostgreSQL comes from WATTWATCH_TEST_PG_URL (default postgresql://postgres@127.0.0.1:5432/test); a scratch
 database is created and dropped.

@@ -11,7 +11,7 @@ whatever the machine's speed. Then the imports of one ``report`` run, by top-lev
 
 With ``--fill 10000000`` it also fills a scratch PostgreSQL database as ``report_scale.py`` does (10M raw
 intervals, 20,000 jobs over 30 days, 64 hosts of 8 GPUs and a CPU) and times ``wattwatch report`` on it as
-a user types it, straight from the database and through a collector serving it: the issue's figure. The
+a user types it, straight from the database and through a collector serving it: the target's figure. The
 filled database is left as one in service is (VACUUM ANALYZE, as autovacuum does after a bulk load; the
 collector keeps 31 days, so its prune pass is not deleting the 30-day fill while reports are timed).
 
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         metavar="INTERVALS",
         help="also fill a scratch PostgreSQL database as report_scale.py does (INTERVALS raw intervals, "
-        "--jobs jobs over 30 days, --hosts hosts) and time report --db and --server on it; the issue's "
+        "--jobs jobs over 30 days, --hosts hosts) and time report --db and --server on it; the target's "
         "figure is --fill 10000000",
     )
     p.add_argument("--jobs", type=int, default=20_000, help="jobs for --fill (default 20,000)")

@@ -12,7 +12,7 @@ simulator's exact integral of its board power over each job's recorded window
 
 Prints the command, then markdown: per flaw and refresh period, the period the sensor learned, the
 worst relative error of the 1 s and the 10 s jobs of each kind and how many 1 s jobs are off by more
-than 1 %; the worst case of each flaw over all periods; and whether the issue's bounds hold (live
+than 1 %; the worst case of each flaw over all periods; and whether the accuracy bounds hold (live
 boards, noise and latency, every period: 1 s jobs within 1 %, 10 s jobs within 0.2 %). Part-time
 boards (instant power held between refreshes) get tables of their own. Exit code 1 when the bounds
 fail. About 5 minutes at the defaults on a 2-core machine.
@@ -123,7 +123,7 @@ def tables(rows: list[Row], board: str) -> str:
 
 
 def acceptance(rows: list[Row]) -> tuple[bool, str]:
-    """Whether live boards with noise and latency meet the issue's bounds at every period run."""
+    """Whether live boards with noise and latency meet the accuracy bounds at every period run."""
     mine = [r for r in rows if r.board == "h100" and r.flaw == ACCEPTANCE_FLAWS]
     if not mine:
         return True, f"acceptance: not checked (no h100 rows with {ACCEPTANCE_FLAWS})"

@@ -1,4 +1,4 @@
-"""A fast run of benchmarks/accuracy.py on a reduced trace set: the issue's accuracy bounds hold."""
+"""A fast run of benchmarks/accuracy.py on a reduced trace set: the stated accuracy bounds hold."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bad input at the collector (the real ASGI app on SQLite and PostgreSQL, with agent tokens): every value
 outside ``wattwatch.protocol.limits`` is a 422 naming its field, nothing of its batch or post is stored, the two
-backends answer alike, and the next good batch lands. Issue 9's inputs, one by one."""
+backends answer alike, and the next good batch lands. Every bounded input, one by one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Carbon and cost per host (issue 11): each host's energy at its grid's intensity from codecarbon's data,
+"""Carbon and cost per host: each host's energy at its grid's intensity from codecarbon's data,
 through the real collector (ingest, report API) and the `wattwatch report` CLI on SQLite and PostgreSQL.
 
 The expected intensities are read here from codecarbon's own data files, not through wattwatch.carbon.grid, so

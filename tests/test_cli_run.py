@@ -88,7 +88,7 @@ def test_run_keeps_stdout_for_the_command_and_its_exit_code(up: Up) -> None:
 
 
 def test_a_job_that_held_no_gpu_says_why_at_exit_and_in_every_format(up: Up) -> None:
-    # The case: a training job with no CUDA_VISIBLE_DEVICES whose process never touches a GPU.
+    # The case: a training job with no CUDA_VISIBLE_DEVICES whose process never touches a GPU.
     out = wattwatch_run(up, "--kind", "training", "--name", "no-gpu", "--", "sleep", "2")
     assert out.returncode == 0, out.stderr
     prefix = summary_prefix(out.stderr)

@@ -1,4 +1,4 @@
-"""The collector's OpenAPI document tells the truth (issue 9, "the contract").
+"""The collector's OpenAPI document tells the truth (the contract).
 
 The document is valid OpenAPI 3.1 and states enums, bounds, every error response and who needs a token;
 schemathesis then drives the real ASGI app, with an admin token, on SQLite and on PostgreSQL, and checks
@@ -279,7 +279,7 @@ OUTSIDE_THE_DOCUMENT = {
     "kind=": "kind",
     "kind=Training": "kind",
     "job=": "job",
-    # A job may be named by its name (issue 11), and names hold spaces: only NUL is outside.
+    # A job may be named by its name, and names hold spaces: only NUL is outside.
     "job=a%00b": "job",
     "until=-3d": "until",
     "until=2026-02-30": "until",

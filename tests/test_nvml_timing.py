@@ -166,7 +166,7 @@ def test_the_refresh_period_and_phase_are_learned_at_start_and_sharpened_by_boun
 @pytest.mark.parametrize("period_s", PERIODS_S)
 def test_1s_boundary_jobs_stay_accurate_at_every_refresh_period(period_s: float) -> None:
     # Measured here (live instant power): mean |error| 0.01-0.05 %, worst 0.3 %, at every period. With
-    # the period the sensor used to assume (100 ms), a 200 ms part-time board erred 5.4 % on average.
+    # a fixed assumed period of 100 ms, a 200 ms part-time board erred 5.4 % on average.
     fleet, clock, sensor = rig(period_s)
     errors = boundary_jobs(fleet, clock, sensor, 1.0, 20)
     assert statistics.mean(abs(e) for e in errors) < 0.002
@@ -179,7 +179,7 @@ def test_part_time_boards_at_every_refresh_period(period_s: float, flaws: Flaws 
     # The held reading is the mean of the last quarter of each period: the boundary's period is split
     # as a step between the readings around it, which a training step's opening dip (50-200 ms) bends.
     # Measured here, worst 1 s job: 0.1-1.1 % up to 100 ms periods, 2.0-2.9 % at 200 ms; 10 s: < 0.2 %.
-    # (With the 100 ms the sensor used to assume, a 200 ms board erred 5.4 % on average, 15 % worst.)
+    # (With a fixed assumed period of 100 ms, a 200 ms board erred 5.4 % on average, 15 % worst.)
     fleet, clock, sensor = rig(period_s, base=GENERATIONS["h100-parttime"], flaws=flaws)
     errors = boundary_jobs(fleet, clock, sensor, 1.0, 20)
     assert {t.instant_power for t in sensor.timing().values()} == {"held"}  # despite the call latency
@@ -324,7 +324,7 @@ def test_the_timing_sweep_measures_jobs_through_the_agent_and_checks_the_bounds(
             assert float(learned.removesuffix(" ms")) == pytest.approx(float(refresh.removesuffix(" ms")), rel=0.01)
             assert all(abs(_pct(cell)) < 0.05 for cell in errors)
             assert over.endswith("of 4")  # two 1 s jobs per board, both kinds
-        if board == "h100":  # live instant power: every job well within the 1 %
+        if board == "h100":  # live instant power: every job well within the 1 % target
             assert all(abs(_pct(cell)) < 0.01 for r in rows for cell in r[3:7])
     last = out.strip().splitlines()[-1]
     assert last.startswith("acceptance (noise + latency, live boards, refresh 20, 200 ms")

@@ -1,4 +1,4 @@
-"""The raw record (``raw_batches``, issue 10): every stored batch's intervals come back exactly as sent,
+"""The raw record (``raw_batches``): every stored batch's intervals come back exactly as sent,
 shares included, and the rollups reports read can be rebuilt from them, on SQLite and PostgreSQL."""
 
 from __future__ import annotations

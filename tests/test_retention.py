@@ -1,4 +1,4 @@
-"""Bounded storage (issue 10): the prune pass deletes what is past retention and no rollup, on SQLite and
+"""Bounded storage: the prune pass deletes what is past retention and no rollup, on SQLite and
 PostgreSQL, through the collector's own scheduler (``app.state.retention``) and its APScheduler timer.
 
 Expected figures come from the batches the tests build (joules per interval times intervals), never from

@@ -6,7 +6,7 @@ A process is put on the simulated GPU before its job by the agent's ``sim_gpu_us
 CUDA context does on real hardware); each waits until the agent has found it as an anonymous job, so the
 job's start must claim it from that job at its own boundary read.
 
-Each test runs on the ideal simulator (SQLite and PostgreSQL) and, as issue 8's acceptance asks, on the
+Each test runs on the ideal simulator (SQLite and PostgreSQL) and on the
 simulator with real hardware's flaws (``--sim-flaws realistic``: instant-power noise, NVML call latency,
 processes listed 0.5-2 s late, load that lags its job's boundaries) at a 20 ms and a 100 ms counter
 refresh (SQLite: the database is not what the flaws test). The sensor is told none of this.

@@ -465,7 +465,7 @@ def _seed_report_data(engine: Engine) -> None:
 def test_report_shape_is_design_json(db_engine: Engine) -> None:
     _seed_report_data(db_engine)
     report = repository.build_report(db_engine, grid_intensity_g_per_kwh=500.0, pue=1.2, now_s=T0 + 4010)
-    # DESIGN's two keys, what tells "no job matches" from "no job yet" (issue 11), the paging cursor
+    # DESIGN's two keys, what tells "no job matches" from "no job yet", the paging cursor
     # (null: no limit asked, so this is the only page), what the emissions rest on (carbon_policy), and the
     # page's totals (report_group; the CLI's footer) and how many jobs match on all pages.
     assert set(report) == {

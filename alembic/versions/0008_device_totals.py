@@ -1,4 +1,4 @@
-"""Per-device energy totals kept at ingest, and an index on idle_energy's hour: bounded reads (issue 10).
+"""Per-device energy totals kept at ingest, and an index on idle_energy's hour: bounded reads.
 
 Revision ID: 0008
 Revises: 0007

@@ -38,7 +38,7 @@ class Settings:
     # once where the database is a fleet's PostgreSQL, so a report needs no database driver or credentials.
     report_server: str = ""
     token: str = field(default="", repr=False)  # a secret: never in a repr or a log line
-    # Identity (issue 9): the bearer token from a file instead (resolve_token reads it); the CA an agent or
+    # Identity: the bearer token from a file instead (resolve_token reads it); the CA an agent or
     # `report --server` trusts for an https collector; the collector's TLS certificate and key.
     token_file: str = ""
     ca_file: str = ""

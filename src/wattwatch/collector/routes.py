@@ -89,7 +89,7 @@ def _kind(kind: str | None) -> str | None:
     return kind
 
 
-# --- identity (issue 9): who may call what ---------------------------------------------------------------
+# --- identity: who may call what -------------------------------------------------------------------------
 # Reads (reports, jobs, /metrics) need a reader or admin token; writes an agent token for the host written
 # (or admin): ``Principal.require_write`` checks the host where the route knows it. While no token exists
 # the collector is open and everyone is allowed (``collector.auth``).

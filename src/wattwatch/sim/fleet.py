@@ -111,7 +111,7 @@ class SimulatedFleet:
         self.truth_path = truth_path
         self._truth: Any = None
         if truth_path is not None:
-            # One fleet per file: a stale log from an earlier run would make a replay wrong.
+            # One fleet per file: a stale log from another run would make a replay wrong.
             self._truth = truth_path.open("w", encoding="utf-8")
             _fleet_file(truth_path).write_text(json.dumps(self._identity()), encoding="utf-8")
 

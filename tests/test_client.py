@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from wattwatch import client
+from wattwatch.client import tls_for
 
 Route = Callable[[http.server.BaseHTTPRequestHandler], tuple[int, dict[str, str], bytes]]
 
@@ -283,3 +284,17 @@ def test_report_says_in_one_line_what_to_do() -> None:
         assert b.seen == []
     gone = _report("http://127.0.0.1:9", "t")
     assert gone.returncode != 0 and "unreachable" in gone.stderr and "Traceback" not in gone.stderr
+
+
+def test_a_plain_http_request_loads_no_ca_and_any_tls_it_met_would_fail_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    ctx = tls_for("http://collector.internal:8470/api/v1/report", True)
+    assert isinstance(ctx, ssl.SSLContext)
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname and ctx.cert_store_stats()["x509_ca"] == 0
+    # https, a CA file of the user's, or an https proxy in the way: verification exactly as asked.
+    assert tls_for("https://collector.internal:8470/", True) is True
+    own = ssl.create_default_context()
+    assert tls_for("http://collector.internal:8470/", own) is own
+    monkeypatch.setenv("HTTP_PROXY", "https://proxy.internal:3128")
+    assert tls_for("http://collector.internal:8470/", True) is True

@@ -17,6 +17,7 @@ collector closed it while idle (httpcore checks an idle connection before reusin
 from __future__ import annotations
 
 import ssl
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,19 @@ def make_client(*, timeout_s: float, verify: ssl.SSLContext | bool = True) -> ht
     """An ``httpx.Client`` as wattwatch uses one: redirects not followed by httpx (``send`` decides), and
     ``verify`` as ``tls.client_verify`` gives it (the system's CAs, one CA file's context, or none)."""
     return httpx.Client(timeout=timeout_s, verify=verify, follow_redirects=False)
+
+
+def tls_for(url: str, verify: ssl.SSLContext | bool) -> ssl.SSLContext | bool:
+    """What a one-shot request to ``url`` verifies TLS with: ``verify``, except for a plain-http URL with no
+    https proxy, which never meets TLS (a redirect is followed only within the origin, so never to https).
+    There, a context that requires a verified certificate but trusts no CA stands in for the system's CA
+    bundle, whose loading is 25-45 ms of a ``report --server`` start-up; any TLS it did meet would fail
+    closed, never unverified."""
+    if verify is not True or urlsplit(url).scheme.lower() != "http":
+        return verify
+    if any(str(proxy).lower().startswith("https:") for proxy in urllib.request.getproxies().values()):
+        return verify
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname, no CA loaded
 
 
 def _sorted(exc: httpx.HTTPError, url: str, timeout_s: float | None) -> ClientError:
@@ -142,7 +156,7 @@ def get(
     headers: Mapping[str, str] | None = None,
 ) -> Reply:
     """One GET of ``url`` with ``token`` as its bearer: the answer for any status the server gives."""
-    with make_client(timeout_s=timeout_s, verify=verify) as client:
+    with make_client(timeout_s=timeout_s, verify=tls_for(url, verify)) as client:
         return send(
             client,
             "GET",

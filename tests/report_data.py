@@ -4,6 +4,8 @@ stopped before the tests read, so every report of the database sees the same fig
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 from dataclasses import dataclass
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from procs import WATTWATCH
 from test_e2e import start_up
+from wattwatch.cli.main import main
 
 # (name, kind, labels, CUDA_VISIBLE_DEVICES: None for none). Two at a time: llama-a and chat, then
 # llama-b (both GPUs, sharing them with nothing) and no-gpu, a training job that never touches a GPU.
@@ -57,16 +60,26 @@ def fill(db_url: str, tmp: Path) -> Filled:
 def cli(
     filled: Filled, *args: str, code: int = 0, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``wattwatch ARGS`` as a user runs it (a process, stdout piped); its exit code must be ``code``."""
-    out = subprocess.run(
-        [*WATTWATCH, *args],
-        env={**filled.env, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=os.fspath(filled.tmp),
-    )
-    assert out.returncode == code, (args, out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr
-    return out
+    """``wattwatch ARGS`` as a user runs it with stdout piped (no terminal), in ``filled``'s environment and
+    directory; its exit code must be ``code``. In this process (``main`` as the entry point calls it): a
+    process per call was most of these tests' time, its start-up being SQLAlchemy's import, which
+    ``tests/test_report_startup_bench.py`` and the end-to-end tests measure in real processes."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update({**filled.env, **(env or {})})
+    try:
+        os.chdir(filled.tmp)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                returncode = main(list(args))
+            except SystemExit as exc:
+                returncode = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    done = subprocess.CompletedProcess(["wattwatch", *args], returncode, out.getvalue(), err.getvalue())
+    assert done.returncode == code, (args, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    return done

@@ -6,7 +6,7 @@ SQL: ``--hosts`` hosts of 8 GPUs and a CPU package, ``--jobs`` finished jobs spr
 and hour, the per-device totals, and ``--intervals`` raw intervals stored as ingest stores them (``raw_batches``,
 30 s of a host's devices per row, compressed; energies vary second to second as measured ones do).
 Then it serves the real collector app (in-process ASGI, FastAPI's TestClient, no network) and times, as
-the median of ``--repeat`` requests: a 7-day report's first page (``limit=100``), the old unbounded
+the median of ``--repeat`` requests: a 7-day report's first page (``limit=100``), an unpaged
 report (``since=10000w``, all jobs, one page) for contrast, one job, and ``/metrics``.
 
 Run: ``python benchmarks/report_scale.py`` (small), or for the target's figures
@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"**Reads over a large history** ({args.intervals:,} raw intervals, {args.jobs:,} finished jobs over"
             f" {args.days:g} days, {args.hosts} hosts x {GPUS} GPUs + CPU; in-process ASGI app, median of"
             f" {args.repeat} requests; idle hours older than 2 days folded into days first, as the prune pass"
-            " does). The unbounded report is the old behaviour (every job, one page):"
+            " does). The last column is an unbounded report (every job, one page), for comparison:"
         )
     )
     print(

@@ -52,7 +52,7 @@ def test_short_run_prints_both_tools_with_positive_figures() -> None:
 # The target for the agent (docs/agent-cpu.md: "within 1.25x CodeCarbon's CPU at 8 GPUs, 1 s; RSS < 60 MB"): CPU
 # as a ratio to CodeCarbon's tracker measured over the same window, so it holds on a slower or busier machine.
 # Why 1.25x and not 1.0x: on a shared 2-core machine the ratio measures 1.06-1.14x (a single run moves by about
-# +-10 %). Each push goes through httpx, about 1.3 ms of CPU where a hand-made socket client took about 1.0 ms,
+# +-10 %). Each push goes through httpx, about 1.3 ms of CPU where http.client on a kept connection takes about 1.0 ms,
 # and the agent reads each GPU two to three times a tick through the simulator (CodeCarbon once), at the
 # simulator's Python cost per read, which a real driver call does not have.
 MAX_CPU_RATIO_TO_CODECARBON = 1.25

@@ -108,3 +108,9 @@ def test_fine_interval_comes_from_the_environment_and_the_command_line() -> None
     assert AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": "0.2"}, fine_interval_s=0.0).fine_interval_s == 0.0
     with pytest.raises(ConfigError, match="WATTWATCH_FINE_INTERVAL"):
         AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": "fast"})
+    for too_fine in ("0.001", "nan", "-1"):
+        with pytest.raises(ConfigError, match="must be 0"):
+            AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": too_fine})
+    assert AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": "0.01"}).fine_interval_s == 0.01
+    with pytest.raises(ConfigError, match="WATTWATCH_FINE_HOLD=1e\\+06 is out of range"):
+        AgentOptions.from_env({"WATTWATCH_FINE_HOLD": "1e6"})

@@ -89,6 +89,24 @@ def test_a_toml_value_of_the_wrong_type_is_named_with_its_file(tmp_path: Path) -
     assert f"pue = True in {tmp_path / 'wattwatch.toml'} is not a number" in line, line
 
 
+def test_a_config_file_that_cannot_be_read_is_one_error_naming_it(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b"pue = 1.2  # \xe9\n")
+    cases = {
+        str(tmp_path / "missing.toml"): "does not exist",
+        str(tmp_path): "is not a file",
+        str(bad): "cannot read config file",
+    }
+    for named, said in cases.items():
+        with pytest.raises(ConfigError, match=said):
+            load_settings(env={"WATTWATCH_HOME": str(tmp_path), "WATTWATCH_CONFIG": named})
+    # Unset or empty: the home's wattwatch.toml if there is one, defaults if not.
+    unset = load_settings(env={"WATTWATCH_HOME": str(tmp_path), "WATTWATCH_CONFIG": ""})
+    assert unset.pue == Settings(home=tmp_path).pue
+    line = _one_line(_run(["report"], tmp_path, {"WATTWATCH_CONFIG": str(tmp_path / "missing.toml")}))
+    assert line.startswith("wattwatch report: error: config file ") and "does not exist" in line, line
+
+
 def test_every_numeric_setting_has_a_range_and_refuses_nan_and_infinity(tmp_path: Path) -> None:
     numeric = {name for name, default in vars(Settings(home=tmp_path)).items() if isinstance(default, float)}
     assert numeric == set(RANGES)

@@ -244,15 +244,21 @@ def load_settings(
     env = os.environ if env is None else env
     home = default_home(env)
     values: dict[str, object] = {"home": home}
-    path = config_file or Path(env.get("WATTWATCH_CONFIG", home / "wattwatch.toml"))
+    named = config_file or (Path(env["WATTWATCH_CONFIG"]) if env.get("WATTWATCH_CONFIG", "").strip() else None)
+    path = named or home / "wattwatch.toml"
     known = {f.name for f in fields(Settings)}
+    if named is not None and not path.is_file():
+        # A file asked for by name and not there is a mistake to say, not a default to fall back on.
+        raise ConfigError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}")
     if path.exists():
         import tomllib  # only where there is a file to read (1.5 ms of a read command's start-up)
 
         try:
-            table = tomllib.loads(path.read_text())
+            table = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML ({exc}); fix or remove it") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
         for name, raw in table.items():
             if name not in known:
                 raise ConfigError(f"unknown setting {name!r} in {path}; known: {', '.join(sorted(known))}")

@@ -33,6 +33,9 @@ from wattwatch.errors import ConfigError
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
+MIN_FINE_INTERVAL_S = 0.01
+MAX_FINE_HOLD_S = 3600.0
+
 
 @dataclass(frozen=True)
 class AgentOptions:
@@ -86,8 +89,15 @@ class AgentOptions:
             raise ConfigError(f"WATTWATCH_SCRAPE: {exc}") from None
         targets += tuple(parse_target(spec) for spec in scrape)
         fine_s = _seconds(env, "WATTWATCH_FINE_INTERVAL", 0.1) if fine_interval_s is None else fine_interval_s
-        if not (fine_s >= 0 and math.isfinite(fine_s)):  # NaN fails every comparison
-            raise ConfigError(f"the fine tick interval must be 0 (off) or a positive number of seconds, got {fine_s}")
+        # NaN fails every comparison. Under 10 ms a fine tick is shorter than the fastest board's refresh:
+        # every interval would be an estimate, at hundreds of reads a second.
+        if not (fine_s == 0 or (fine_s >= MIN_FINE_INTERVAL_S and math.isfinite(fine_s))):
+            raise ConfigError(
+                f"the fine tick interval must be 0 (off) or {MIN_FINE_INTERVAL_S:g} seconds or more, got {fine_s}"
+            )
+        hold_s = _seconds(env, "WATTWATCH_FINE_HOLD", 5.0)
+        if hold_s > MAX_FINE_HOLD_S:
+            raise ConfigError(f"WATTWATCH_FINE_HOLD={hold_s:g} is out of range; the fine tick holds 0 to 3600 seconds")
         return cls(
             discover=_flag(env, "WATTWATCH_DISCOVER", True) if discover is None else discover,
             proc_root=Path(proc_root or env.get("WATTWATCH_PROC_ROOT") or "/proc"),
@@ -96,7 +106,7 @@ class AgentOptions:
             kubelet_verify=verify,
             scrape=targets,
             fine_interval_s=fine_s,
-            fine_tick_hold_s=_seconds(env, "WATTWATCH_FINE_HOLD", 5.0),
+            fine_tick_hold_s=hold_s,
             poison_after=poison_after_from_env(env, poison_after),
         )
 

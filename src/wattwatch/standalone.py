@@ -323,7 +323,8 @@ def run_up(
         announce(f"wattwatch up: the agent's own metrics on {agent.metrics_url}")
     drv: threading.Thread | None = None
     if driver is not None:
-        drv = threading.Thread(target=driver, args=(settings, stop.event), name="wattwatch-demo", daemon=True)
+        # The driver talks to this collector, whatever collector_url and token the settings name elsewhere.
+        drv = threading.Thread(target=driver, args=(agent_settings, stop.event), name="wattwatch-demo", daemon=True)
         drv.start()
     try:
         stop.event.wait(timeout=duration_s)

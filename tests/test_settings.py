@@ -107,6 +107,12 @@ def test_a_config_file_that_cannot_be_read_is_one_error_naming_it(tmp_path: Path
     assert line.startswith("wattwatch report: error: config file ") and "does not exist" in line, line
 
 
+def test_the_home_comes_from_the_environment_or_the_flag_never_from_its_own_file(tmp_path: Path) -> None:
+    (tmp_path / "wattwatch.toml").write_text(f'home = "{tmp_path / "elsewhere"}"\n')
+    with pytest.raises(ConfigError, match="home cannot be set in"):
+        load_settings(env={"WATTWATCH_HOME": str(tmp_path)})
+
+
 def test_every_numeric_setting_has_a_range_and_refuses_nan_and_infinity(tmp_path: Path) -> None:
     numeric = {name for name, default in vars(Settings(home=tmp_path)).items() if isinstance(default, float)}
     assert numeric == set(RANGES)

@@ -262,6 +262,9 @@ def load_settings(
         for name, raw in table.items():
             if name not in known:
                 raise ConfigError(f"unknown setting {name!r} in {path}; known: {', '.join(sorted(known))}")
+            if name == "home":
+                # The home is where this file is looked for: it comes from WATTWATCH_HOME or --home.
+                raise ConfigError(f"home cannot be set in {path}; use WATTWATCH_HOME or --home")
             values[name] = _coerce(name, raw, f"{name} = {raw!r} in {path}")
     for name, var in _ENV.items():
         if var in env:

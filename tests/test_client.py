@@ -298,3 +298,11 @@ def test_a_plain_http_request_loads_no_ca_and_any_tls_it_met_would_fail_closed(m
     assert tls_for("http://collector.internal:8470/", own) is own
     monkeypatch.setenv("HTTP_PROXY", "https://proxy.internal:3128")
     assert tls_for("http://collector.internal:8470/", True) is True
+
+
+def test_a_collector_url_that_does_not_parse_is_said_at_each_push_never_raised_at_start() -> None:
+    for url in ("http://[::1:8470", "http://127.0.0.1:port", "collector:8470"):
+        poster = client.Poster(url)
+        with pytest.raises(client.Unreachable, match="no http://HOST:PORT or https://HOST:PORT URL"):
+            poster.post(url + "/api/v1/ingest", b"{}", {})
+        poster.close()

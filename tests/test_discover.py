@@ -346,3 +346,11 @@ def test_a_gpu_process_the_agent_cannot_see_is_reported_once_it_persists(
         assert agent.jobs() == []
     finally:
         agent.stop(flush_timeout_s=0.2)
+
+
+def test_a_kubelet_ca_file_that_is_missing_or_not_pem_is_one_error_naming_its_variable(tmp_path: Path) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    for path, said in ((tmp_path / "missing.pem", "does not exist"), (not_pem, "is not a PEM certificate")):
+        with pytest.raises(ConfigError, match=f"{said}.*; check WATTWATCH_KUBELET_CA_FILE$"):
+            KubeletPods("https://127.0.0.1:10250/pods", verify=str(path))

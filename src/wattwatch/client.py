@@ -181,8 +181,8 @@ class Poster:
         client: Any | None = None,
     ) -> None:
         self._bad = ""
-        parts = urlsplit(base_url)
         try:
+            parts = urlsplit(base_url)  # raises on an unbalanced [IPv6 address
             parts.port  # noqa: B018 (raises on a port that is no number)
         except ValueError:
             parts = urlsplit("")

@@ -9,19 +9,18 @@ from pathlib import Path
 from wattwatch.errors import ConfigError
 
 
-def client_verify(ca_file: str) -> ssl.SSLContext | bool:
-    """What httpx should verify server certificates with: the system's CAs, or only ``ca_file``'s."""
+def client_verify(ca_file: str, named: str = "--ca-file / WATTWATCH_CA_FILE") -> ssl.SSLContext | bool:
+    """What httpx should verify server certificates with: the system's CAs, or only ``ca_file``'s
+    (``named``: where the user set it, for the error)."""
     if not ca_file:
         return True
     path = Path(ca_file).expanduser()
     try:
         return ssl.create_default_context(cafile=str(path))
     except FileNotFoundError:
-        raise ConfigError(f"CA file {path} does not exist; check --ca-file / WATTWATCH_CA_FILE") from None
+        raise ConfigError(f"CA file {path} does not exist; check {named}") from None
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"CA file {path} is not a PEM certificate ({exc}); check --ca-file / WATTWATCH_CA_FILE"
-        ) from None
+        raise ConfigError(f"CA file {path} is not a PEM certificate ({exc}); check {named}") from None
 
 
 def untrusted_certificate(exc: BaseException) -> str | None:

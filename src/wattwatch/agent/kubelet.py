@@ -10,7 +10,6 @@ still enabled). The list is cached and fetched again only when an unknown UID sh
 from __future__ import annotations
 
 import logging
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 import httpx
 
 from wattwatch.client import make_client
+from wattwatch.tls import client_verify
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class KubeletPods:
         self.url = url
         self._token_file = token_file
         # A CA file as a path: its own context (httpx takes a context or a bool).
-        context = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+        context = client_verify(verify, named="WATTWATCH_KUBELET_CA_FILE") if isinstance(verify, str) else verify
         self._client = client or make_client(timeout_s=timeout_s, verify=context)
         self._min_refresh_s = min_refresh_s
         self._monotonic = monotonic

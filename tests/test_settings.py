@@ -113,6 +113,13 @@ def test_the_home_comes_from_the_environment_or_the_flag_never_from_its_own_file
         load_settings(env={"WATTWATCH_HOME": str(tmp_path)})
 
 
+def test_a_secret_of_the_wrong_type_in_toml_is_named_without_its_value(tmp_path: Path) -> None:
+    (tmp_path / "wattwatch.toml").write_text("token = 918273645\n")
+    with pytest.raises(ConfigError, match=r"token = \(hidden\) in .* is not a string") as caught:
+        load_settings(env={"WATTWATCH_HOME": str(tmp_path)})
+    assert "918273645" not in str(caught.value)
+
+
 def test_every_numeric_setting_has_a_range_and_refuses_nan_and_infinity(tmp_path: Path) -> None:
     numeric = {name for name, default in vars(Settings(home=tmp_path)).items() if isinstance(default, float)}
     assert numeric == set(RANGES)

@@ -234,6 +234,9 @@ def resolve_token(settings: Settings) -> Settings:
     return replace(settings, token=token)
 
 
+_SECRETS = frozenset(f.name for f in fields(Settings) if not f.repr)  # the secrets: kept out of repr
+
+
 def load_settings(
     env: Mapping[str, str] | None = None,
     config_file: Path | None = None,
@@ -265,7 +268,9 @@ def load_settings(
             if name == "home":
                 # The home is where this file is looked for: it comes from WATTWATCH_HOME or --home.
                 raise ConfigError(f"home cannot be set in {path}; use WATTWATCH_HOME or --home")
-            values[name] = _coerce(name, raw, f"{name} = {raw!r} in {path}")
+            # A secret's value stays out of the error, as out of every repr.
+            shown = "(hidden)" if name in _SECRETS else repr(raw)
+            values[name] = _coerce(name, raw, f"{name} = {shown} in {path}")
     for name, var in _ENV.items():
         if var in env:
             values[name] = _coerce(name, env[var], f"{var}={env[var]}")

@@ -61,7 +61,10 @@ def test_demo_piped_writes_plain_progress_lines_on_stderr(tmp_path: Path) -> Non
 
 
 def spooled(path: Path) -> int:
+    """Batches in the agent's spool; 0 while the agent has created the file but not yet its table."""
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone() is None:
+            return 0
         return int(db.execute("SELECT count(*) FROM batches").fetchone()[0])
 
 

@@ -33,7 +33,7 @@ from kubernetes_validate import utils as kv_utils
 from conftest import unavailable
 from procs import WATTWATCH, free_port, wait_for
 from wattwatch.cli.main import build_parser
-from wattwatch.config import _ENV
+from wattwatch.config import ENV_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -43,9 +43,8 @@ SLURM = DEPLOY / "slurm"
 SYSTEMD = DEPLOY / "systemd"
 CRD_SCHEMAS = Path(__file__).resolve().parent / "fixtures" / "crd-schemas"
 CRD_GROUP = "monitoring.coreos.com/"
-# Variables the code reads (config._ENV, agent/options.py, WATTWATCH_HOME): a typo in deploy/ is a silent no-op.
-OPTIONS_SOURCE = REPO / "src" / "wattwatch" / "agent" / "options.py"
-KNOWN_ENV = {*_ENV.values(), *re.findall(r"WATTWATCH_[A-Z_]+", OPTIONS_SOURCE.read_text()), "WATTWATCH_HOME"}
+# Variables the code reads (config.ENV_VARS, WATTWATCH_HOME): a typo in deploy/ is a silent no-op.
+KNOWN_ENV = {*ENV_VARS.values(), "WATTWATCH_HOME", "WATTWATCH_CONFIG"}
 COLLECTOR_PORT = 8470
 AGENT_METRICS_PORT = 9471
 

@@ -18,7 +18,7 @@ from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.procfs import ProcFs
 from wattwatch.agent.runner import Agent
 from wattwatch.agent.spool import Spool
-from wattwatch.config import Settings
+from wattwatch.config import Settings, load_settings
 from wattwatch.errors import ConfigError
 from wattwatch.protocol import wire
 from wattwatch.sensors.nvml import NvmlSensor
@@ -196,8 +196,15 @@ def test_kubelet_is_asked_again_only_for_new_pods_and_at_most_every_min_refresh(
     assert len(kubelet.requests) == 2
 
 
+def _options(
+    env: dict[str, str], flags: dict[str, tuple[str, object]] | None = None, scrape: tuple[str, ...] = ()
+) -> AgentOptions:
+    settings = load_settings({"WATTWATCH_HOME": "/nonexistent", **env}, flags=flags)
+    return AgentOptions.from_settings(settings, scrape=scrape)
+
+
 def test_options_from_the_environment() -> None:
-    opts = AgentOptions.from_env(
+    opts = _options(
         {
             "WATTWATCH_DISCOVER": "0",
             "WATTWATCH_PROC_ROOT": "/host/proc",
@@ -212,22 +219,39 @@ def test_options_from_the_environment() -> None:
         ("triton", "http://127.0.0.1:8002/metrics", None),
     ]
     # Command-line values win over the environment; --scrape adds to WATTWATCH_SCRAPE.
-    flags = AgentOptions.from_env(
-        {"WATTWATCH_DISCOVER": "0", "WATTWATCH_SCRAPE": "triton:http://127.0.0.1:8002/metrics"},
-        scrape=["tgi:http://127.0.0.1:3000/metrics"],
-        kubelet_url="http://127.0.0.1:10255/pods",
-        proc_root="/host/proc",
-        discover=True,
+    flags = _options(
+        {"WATTWATCH_DISCOVER": "yes", "WATTWATCH_SCRAPE": "triton:http://127.0.0.1:8002/metrics"},
+        flags={
+            "kubelet_url": ("--kubelet-url http://127.0.0.1:10255/pods", "http://127.0.0.1:10255/pods"),
+            "proc_root": ("--proc-root /host/proc", "/host/proc"),
+            "discover": ("--no-discover", False),
+        },
+        scrape=("tgi:http://127.0.0.1:3000/metrics",),
     )
-    assert flags.discover is True and flags.proc_root == Path("/host/proc")
+    assert flags.discover is False and flags.proc_root == Path("/host/proc")
     assert [t.preset for t in flags.scrape] == ["triton", "tgi"]
     assert flags.kubelet_url == "http://127.0.0.1:10255/pods" and flags.kubelet_token_file is None
+    assert _options({"WATTWATCH_KUBELET_CA_FILE": "/etc/kubelet-ca.pem"}).kubelet_verify == "/etc/kubelet-ca.pem"
     with pytest.raises(ConfigError, match="not a URL"):
-        AgentOptions.from_env({}, kubelet_url="10.0.0.3:10250")
-    with pytest.raises(ConfigError, match="WATTWATCH_DISCOVER"):
-        AgentOptions.from_env({"WATTWATCH_DISCOVER": "maybe"})
+        _options({"WATTWATCH_KUBELET_URL": "10.0.0.3:10250"})
+    with pytest.raises(ConfigError, match=r"^WATTWATCH_DISCOVER=maybe is not a yes/no value"):
+        _options({"WATTWATCH_DISCOVER": "maybe"})
     with pytest.raises(ConfigError, match="WATTWATCH_SCRAPE"):
-        AgentOptions.from_env({"WATTWATCH_SCRAPE": "nginx:http://x/metrics"})
+        _options({"WATTWATCH_SCRAPE": "nginx:http://x/metrics"})
+    with pytest.raises(ConfigError, match=r"^--scrape: "):
+        _options({}, scrape=("nginx:http://x/metrics",))
+
+
+def test_agent_options_come_from_the_toml_file_too(tmp_path: Path) -> None:
+    (tmp_path / "wattwatch.toml").write_text(
+        'discover = false\nscrape = "vllm:http://127.0.0.1:8000/metrics"\npoison_after = 3\nfine_tick_hold_s = 2\n'
+    )
+    opts = AgentOptions.from_settings(load_settings({"WATTWATCH_HOME": str(tmp_path)}))
+    assert opts.discover is False and [t.preset for t in opts.scrape] == ["vllm"]
+    assert opts.poison_after == 3 and opts.fine_tick_hold_s == 2.0
+    (tmp_path / "wattwatch.toml").write_text('discover = "sometimes"\n')
+    with pytest.raises(ConfigError, match=r"discover = 'sometimes' in .* is not a yes/no value"):
+        load_settings({"WATTWATCH_HOME": str(tmp_path)})
 
 
 # -- the agent, end to end on simulated GPUs ------------------------------------------------------------

@@ -122,7 +122,7 @@ def test_generated_references_are_current(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    for name in ("cli.md", "http-api.md"):
+    for name in ("cli.md", "http-api.md", "settings.md"):
         fresh, committed = tmp_path / "reference" / name, DOCS / "reference" / name
         assert committed.exists(), f"docs/reference/{name} missing: run python scripts/gen_reference.py"
         assert filecmp.cmp(fresh, committed, shallow=False), (

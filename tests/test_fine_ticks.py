@@ -13,7 +13,7 @@ import pytest
 
 from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.runner import Agent
-from wattwatch.config import Settings
+from wattwatch.config import Settings, load_settings
 from wattwatch.errors import ConfigError
 from wattwatch.protocol import wire
 from wattwatch.sensors.discovery import discover
@@ -102,15 +102,20 @@ def test_step_spans_do_not_start_the_fine_tick_and_zero_turns_it_off(tmp_path: P
     off.spool.close()
 
 
+def _fine(env: dict[str, str], flags: dict[str, tuple[str, object]] | None = None) -> AgentOptions:
+    return AgentOptions.from_settings(load_settings({"WATTWATCH_HOME": "/nonexistent", **env}, flags=flags))
+
+
 def test_fine_interval_comes_from_the_environment_and_the_command_line() -> None:
-    assert AgentOptions.from_env({}).fine_interval_s == 0.1
-    assert AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": "0.2", "WATTWATCH_FINE_HOLD": "3"}).fine_tick_hold_s == 3.0
-    assert AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": "0.2"}, fine_interval_s=0.0).fine_interval_s == 0.0
-    with pytest.raises(ConfigError, match="WATTWATCH_FINE_INTERVAL"):
-        AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": "fast"})
+    assert _fine({}).fine_interval_s == 0.1
+    assert _fine({"WATTWATCH_FINE_INTERVAL": "0.2", "WATTWATCH_FINE_HOLD": "3"}).fine_tick_hold_s == 3.0
+    flag_off = {"fine_interval_s": ("--fine-interval 0", "0")}
+    assert _fine({"WATTWATCH_FINE_INTERVAL": "0.2"}, flag_off).fine_interval_s == 0.0
+    with pytest.raises(ConfigError, match=r"^WATTWATCH_FINE_INTERVAL=fast is not a number; the fine tick is 0"):
+        _fine({"WATTWATCH_FINE_INTERVAL": "fast"})
     for too_fine in ("0.001", "nan", "-1"):
-        with pytest.raises(ConfigError, match="must be 0"):
-            AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": too_fine})
-    assert AgentOptions.from_env({"WATTWATCH_FINE_INTERVAL": "0.01"}).fine_interval_s == 0.01
-    with pytest.raises(ConfigError, match="WATTWATCH_FINE_HOLD=1e\\+06 is out of range"):
-        AgentOptions.from_env({"WATTWATCH_FINE_HOLD": "1e6"})
+        with pytest.raises(ConfigError, match=f"^WATTWATCH_FINE_INTERVAL={too_fine} is .*0 \\(off\\) or 0.01 to"):
+            _fine({"WATTWATCH_FINE_INTERVAL": too_fine})
+    assert _fine({"WATTWATCH_FINE_INTERVAL": "0.01"}).fine_interval_s == 0.01
+    with pytest.raises(ConfigError, match=r"^WATTWATCH_FINE_HOLD=1e6 is out of range"):
+        _fine({"WATTWATCH_FINE_HOLD": "1e6"})

@@ -17,11 +17,11 @@ from wattwatch.agent.poison import (
     DEFAULT_POISON_AFTER,
     REASONS,
     Verdict,
-    poison_after_from_env,
     verdict_of,
 )
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool
+from wattwatch.config import load_settings
 from wattwatch.errors import ConfigError
 from wattwatch.sim.clock import FakeClock
 
@@ -319,13 +319,18 @@ def test_verdicts(status: int, field: str, verdict: Verdict) -> None:
 
 
 def test_poison_after_from_the_environment_and_the_command_line() -> None:
-    assert poison_after_from_env({}) == DEFAULT_POISON_AFTER == 5
-    assert poison_after_from_env({"WATTWATCH_POISON_AFTER": " 3 "}) == 3
-    assert poison_after_from_env({"WATTWATCH_POISON_AFTER": "3"}, 7) == 7  # the command line wins
-    with pytest.raises(ConfigError, match="WATTWATCH_POISON_AFTER='x' is not a whole number"):
-        poison_after_from_env({"WATTWATCH_POISON_AFTER": "x"})
-    with pytest.raises(ConfigError, match="out of range; use 1 to 1000"):
-        poison_after_from_env({}, 0)
+    env = {"WATTWATCH_HOME": "/nonexistent"}
+    assert load_settings(env).poison_after == DEFAULT_POISON_AFTER == 5
+    assert load_settings({**env, "WATTWATCH_POISON_AFTER": " 3 "}).poison_after == 3
+    flag = {"poison_after": ("--poison-after 7", "7")}
+    assert load_settings({**env, "WATTWATCH_POISON_AFTER": "3"}, flags=flag).poison_after == 7  # the flag wins
+    assert isinstance(load_settings(env, flags=flag).poison_after, int)
+    with pytest.raises(ConfigError, match=r"^WATTWATCH_POISON_AFTER=x is not a number; a batch is set aside"):
+        load_settings({**env, "WATTWATCH_POISON_AFTER": "x"})
+    with pytest.raises(ConfigError, match=r"^WATTWATCH_POISON_AFTER=2.5 is not a whole number"):
+        load_settings({**env, "WATTWATCH_POISON_AFTER": "2.5"})
+    with pytest.raises(ConfigError, match=r"^--poison-after 0 is out of range; .* 1 to 1000"):
+        load_settings(env, flags={"poison_after": ("--poison-after 0", "0")})
     assert set(REASONS) == {"rejected", "key_conflict", "repeated_failure"}
 
 

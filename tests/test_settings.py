@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from procs import WATTWATCH
-from wattwatch.config import _ENV, RANGES, Settings, load_settings
+from wattwatch.config import ENV_VARS, RANGES, SWITCHES, TEXT_FORMS, Settings, load_settings
 from wattwatch.errors import ConfigError
 
 BAD_INTERVALS = ("0", "nan", "-1")
@@ -121,12 +121,33 @@ def test_a_secret_of_the_wrong_type_in_toml_is_named_without_its_value(tmp_path:
 
 
 def test_every_numeric_setting_has_a_range_and_refuses_nan_and_infinity(tmp_path: Path) -> None:
-    numeric = {name for name, default in vars(Settings(home=tmp_path)).items() if isinstance(default, float)}
+    numeric = {
+        name
+        for name, default in vars(Settings(home=tmp_path)).items()
+        if isinstance(default, (int, float)) and not isinstance(default, bool)
+    }
     assert numeric == set(RANGES)
     for name in RANGES:
         for bad in ("nan", "inf", "-inf"):
-            with pytest.raises(ConfigError, match=f"^{_ENV[name]}={bad} is not a finite number; "):
-                load_settings({"WATTWATCH_HOME": str(tmp_path), _ENV[name]: bad})
+            with pytest.raises(ConfigError, match=f"^{ENV_VARS[name]}={bad} is not a finite number; "):
+                load_settings({"WATTWATCH_HOME": str(tmp_path), ENV_VARS[name]: bad})
+
+
+def test_every_setting_has_a_variable_and_a_documented_form(tmp_path: Path) -> None:
+    names = set(vars(Settings(home=tmp_path))) - {"home"}
+    assert set(ENV_VARS) == names
+    assert set(RANGES) | set(SWITCHES) | set(TEXT_FORMS) == names
+    assert not set(RANGES) & set(SWITCHES) and not (set(RANGES) | set(SWITCHES)) & set(TEXT_FORMS)
+
+
+def test_yes_no_settings_take_the_usual_words_and_refuse_others(tmp_path: Path) -> None:
+    env = {"WATTWATCH_HOME": str(tmp_path)}
+    for word, meant in (("1", True), ("Yes", True), ("on", True), ("0", False), ("false", False), ("off", False)):
+        assert load_settings({**env, "WATTWATCH_KUBELET_INSECURE": word}).kubelet_insecure is meant
+    line = _one_line(_run(["agent", "--simulate", "1"], tmp_path, {"WATTWATCH_DISCOVER": "2"}))
+    assert line.startswith("wattwatch agent: error: WATTWATCH_DISCOVER=2 is not a yes/no value; use 1 or 0"), line
+    with pytest.raises(ConfigError, match=r"^setting discover='maybe' is not a yes/no value"):
+        Settings(home=tmp_path, discover="maybe")  # type: ignore[arg-type]
 
 
 def test_good_values_from_each_source_are_numbers_and_the_flag_wins(tmp_path: Path) -> None:

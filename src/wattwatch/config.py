@@ -81,6 +81,26 @@ class Settings:
     # spans, ticks and idempotency keys once older than both this and the time window; 0 keeps everything.
     # Rollups of jobs and idle energy are never deleted.
     retention_days: float = 14.0
+    # Agent: which processes become jobs and what the agent scrapes (wattwatch.agent.options turns these
+    # into its parsed options). Untagged GPU processes are attributed to jobs unless ``discover`` is off;
+    # ``proc_root`` is the host's /proc (/host/proc in a pod).
+    discover: bool = True
+    proc_root: str = "/proc"
+    # The kubelet's pods API (names, labels, annotations of pods), its bearer token file (empty: the pod's
+    # service account token when there is one), the CA its certificate is checked against, or no check.
+    kubelet_url: str = ""
+    kubelet_token_file: str = ""
+    kubelet_ca_file: str = ""
+    kubelet_insecure: bool = False
+    # Serving engines' metrics to count requests from: PRESET:URL[#job=ID] items, space or comma separated.
+    scrape: str = ""
+    # While a job on this host sends query spans (and ``fine_tick_hold_s`` after the last one), intervals
+    # close every ``fine_interval_s``: per-query energy needs the power's shape within a tick (1 s ticks put
+    # p95 J/query ~6 % low; 0.1 s, the NVML counter's update period, within 1-2 %). 0 turns it off.
+    fine_interval_s: float = 0.1
+    fine_tick_hold_s: float = 5.0
+    # A batch failing with 5xx (or no answer) this many times while later batches land is set aside.
+    poison_after: int = 5
 
     def __post_init__(self) -> None:
         # The one check of every numeric setting, however the Settings was made (load_settings has already
@@ -89,6 +109,9 @@ class Settings:
         for name in RANGES:
             value = getattr(self, name)
             object.__setattr__(self, name, check_setting(name, value, f"setting {name}={value!r}"))
+        for name in SWITCHES:
+            value = getattr(self, name)
+            object.__setattr__(self, name, check_switch(value, f"setting {name}={value!r}"))
 
     @property
     def socket_path(self) -> Path:
@@ -117,15 +140,20 @@ class Settings:
 
 @dataclass(frozen=True)
 class Range:
-    """The values a numeric setting may take: ``low`` to ``high``, both included unless ``above_low``."""
+    """The values a numeric setting may take: ``low`` to ``high``, both included unless ``above_low``;
+    0 as well where ``or_zero`` (0 meaning off); only whole numbers where ``whole``."""
 
     low: float
     high: float
     allowed: str  # what to tell the user, as a clause: "the sampling tick is 0.05 to 3600 seconds"
     above_low: bool = False
+    or_zero: bool = False
+    whole: bool = False
 
     def holds(self, value: float) -> bool:
         """Whether ``value`` is in the range (NaN never is)."""
+        if self.or_zero and value == 0:
+            return True
         return (value > self.low if self.above_low else value >= self.low) and value <= self.high
 
 
@@ -156,12 +184,47 @@ RANGES: dict[str, Range] = {
         True,
     ),
     "retention_days": Range(0.0, 36500.0, "retention is 0 (keep everything) or up to 36500 days"),
+    # Under 10 ms a fine tick is shorter than the fastest board's refresh: every interval would be an
+    # estimate, at hundreds of reads a second.
+    "fine_interval_s": Range(0.01, 3600.0, "the fine tick is 0 (off) or 0.01 to 3600 seconds", or_zero=True),
+    "fine_tick_hold_s": Range(0.0, 3600.0, "the fine tick holds 0 to 3600 seconds after the last query span"),
+    "poison_after": Range(1, 1000, "a batch is set aside after 1 to 1000 failed attempts (default 5)", whole=True),
 }
+
+# What each text setting holds (the settings reference page shows it beside the ranges above).
+TEXT_FORMS: dict[str, str] = {
+    "db_url": "a SQLAlchemy URL (postgresql+psycopg://...); empty: embedded SQLite at home/wattwatch.db",
+    "listen": "HOST:PORT the collector listens on",
+    "collector_url": "the collector's http:// or https:// URL the agent pushes to",
+    "report_server": "the collector `report` and `jobs` ask when neither --server nor --db is given",
+    "token": "a bearer token; a secret, never printed",
+    "token_file": "a file holding the bearer token on one line",
+    "ca_file": "a PEM CA bundle trusted for an https collector",
+    "tls_cert": "the collector's PEM certificate (serves https with tls_key)",
+    "tls_key": "the collector's PEM private key",
+    "host": "this host's name in reports; empty: the machine's hostname",
+    "grid_region": "ISO 3166 country code (FR, USA) or provider:region (gcp:europe-west9)",
+    "grid_regions": "per-host regions on the collector: HOSTGLOB=REGION,...",
+    "currency": "the currency of price_per_kwh, e.g. USD or EUR",
+    "metric_labels": "job label keys exported as labels on the collector's job series: team,namespace",
+    "metrics_listen": "HOST:PORT of the agent's own /metrics; empty: not served",
+    "proc_root": "the host's /proc (/host/proc in a pod)",
+    "kubelet_url": "the kubelet's pods API: https://$(NODE_IP):10250/pods; empty: not asked",
+    "kubelet_token_file": "its bearer token file; empty: the pod's service account token, if any",
+    "kubelet_ca_file": "a PEM CA bundle for the kubelet's certificate",
+    "scrape": "serving engines' metrics: PRESET:URL[#job=ID] items (vllm, tgi, triton, sglang, custom)",
+}
+
+# The yes/no settings, and the words that say yes or no in the environment.
+SWITCHES = ("discover", "kubelet_insecure")
+_YES = frozenset({"1", "true", "yes", "on"})
+_NO = frozenset({"0", "false", "no", "off", ""})
 
 
 def check_setting(name: str, raw: object, where: str) -> float:
     """``raw`` as setting ``name``'s type, checked against its range; ConfigError naming ``where`` (how the
-    user gave it: ``--interval 0``, ``WATTWATCH_INTERVAL=0``) and what is allowed otherwise."""
+    user gave it: ``--interval 0``, ``WATTWATCH_INTERVAL=0``) and what is allowed otherwise. A whole-number
+    setting comes back as an int."""
     rule = RANGES[name]
     if isinstance(raw, bool):  # TOML's true/false: a bool is an int to Python, never a setting's number
         raise ConfigError(f"{where} is not a number; {rule.allowed}")
@@ -171,9 +234,20 @@ def check_setting(name: str, raw: object, where: str) -> float:
         raise ConfigError(f"{where} is not a number; {rule.allowed}") from None
     if not math.isfinite(value):
         raise ConfigError(f"{where} is not a finite number; {rule.allowed}")
+    if rule.whole and not value.is_integer():
+        raise ConfigError(f"{where} is not a whole number; {rule.allowed}")
     if not rule.holds(value):
         raise ConfigError(f"{where} is out of range; {rule.allowed}")
-    return value
+    return int(value) if rule.whole else value
+
+
+def check_switch(raw: object, where: str) -> bool:
+    """``raw`` as a yes/no setting: a bool, or one of 1/0, true/false, yes/no, on/off as text."""
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _YES | _NO:
+        return raw.strip().lower() in _YES
+    raise ConfigError(f"{where} is not a yes/no value; use 1 or 0 (true or false in the TOML file)")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -184,7 +258,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-_ENV = {
+ENV_VARS = {
     "db_url": "WATTWATCH_DB",
     "listen": "WATTWATCH_LISTEN",
     "collector_url": "WATTWATCH_COLLECTOR",
@@ -212,6 +286,16 @@ _ENV = {
     "time_window_past_s": "WATTWATCH_TIME_WINDOW_PAST",
     "time_window_future_s": "WATTWATCH_TIME_WINDOW_FUTURE",
     "retention_days": "WATTWATCH_RETENTION_DAYS",
+    "discover": "WATTWATCH_DISCOVER",
+    "proc_root": "WATTWATCH_PROC_ROOT",
+    "kubelet_url": "WATTWATCH_KUBELET_URL",
+    "kubelet_token_file": "WATTWATCH_KUBELET_TOKEN_FILE",
+    "kubelet_ca_file": "WATTWATCH_KUBELET_CA_FILE",
+    "kubelet_insecure": "WATTWATCH_KUBELET_INSECURE",
+    "scrape": "WATTWATCH_SCRAPE",
+    "fine_interval_s": "WATTWATCH_FINE_INTERVAL",
+    "fine_tick_hold_s": "WATTWATCH_FINE_HOLD",
+    "poison_after": "WATTWATCH_POISON_AFTER",
 }
 
 
@@ -271,7 +355,7 @@ def load_settings(
             # A secret's value stays out of the error, as out of every repr.
             shown = "(hidden)" if name in _SECRETS else repr(raw)
             values[name] = _coerce(name, raw, f"{name} = {shown} in {path}")
-    for name, var in _ENV.items():
+    for name, var in ENV_VARS.items():
         if var in env:
             values[name] = _coerce(name, env[var], f"{var}={env[var]}")
     for name, (where, raw) in (flags or {}).items():
@@ -283,6 +367,8 @@ def _coerce(name: str, raw: object, where: str) -> object:
     """``raw`` as the type of setting ``name`` (numbers checked by ``check_setting``)."""
     if name in RANGES:
         return check_setting(name, raw, where)
+    if name in SWITCHES:
+        return check_switch(raw, where)
     if name == "home":
         return Path(str(raw)).expanduser()
     if not isinstance(raw, str):

@@ -121,7 +121,7 @@ def build_agent(
     build an Agent.
 
     ``options`` (``agent.options.AgentOptions``: job discovery, kubelet, scrape targets) default to the
-    ``WATTWATCH_*`` environment variables that module lists.
+    ones ``settings`` holds.
     """
     from wattwatch.agent.options import AgentOptions
     from wattwatch.agent.runner import Agent
@@ -129,7 +129,7 @@ def build_agent(
     from wattwatch.sensors.nvml import resolve_visible
     from wattwatch.sim.fleet import SimulatedFleet
 
-    options = options if options is not None else AgentOptions.from_env()
+    options = options if options is not None else AgentOptions.from_settings(settings)
     fleet = None
     if simulate:
         if simulate < 0 or simulate > 64:

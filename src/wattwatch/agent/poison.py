@@ -22,17 +22,14 @@ Set-aside batches stay in the spool file (``Spool.set_aside``) with a JSON reaso
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from wattwatch.errors import ConfigError
+from wattwatch.config import Settings
 
-DEFAULT_POISON_AFTER = 5
-POISON_AFTER_ENV = "WATTWATCH_POISON_AFTER"
-POISON_AFTER_MAX = 1000
+DEFAULT_POISON_AFTER = Settings.poison_after  # set by poison_after (WATTWATCH_POISON_AFTER, --poison-after)
 
 # The ``reason`` label of wattwatch_agent_batches_set_aside_total, and the ``reason`` of a set-aside batch.
 REJECTED = "rejected"  # a 4xx about the batch
@@ -70,28 +67,6 @@ def verdict_of(status: int, field: str) -> Verdict:
     if 400 <= status < 500:
         return Verdict.REFUSED
     return Verdict.BLOCKED  # 1xx/3xx: not a collector answering (a redirecting proxy): a setup problem
-
-
-def poison_after_from_env(env: Mapping[str, str] | None = None, value: int | None = None) -> int:
-    """``value`` (the command line's) or ``WATTWATCH_POISON_AFTER`` or the default; ConfigError when it
-    is not a whole number from 1 to 1000."""
-    env = os.environ if env is None else env
-    if value is None:
-        text = env.get(POISON_AFTER_ENV, "").strip()
-        if not text:
-            return DEFAULT_POISON_AFTER
-        try:
-            value = int(text)
-        except ValueError:
-            raise ConfigError(
-                f"{POISON_AFTER_ENV}={text!r} is not a whole number; use e.g. {DEFAULT_POISON_AFTER}"
-            ) from None
-    if not 1 <= value <= POISON_AFTER_MAX:
-        raise ConfigError(
-            f"--poison-after ({POISON_AFTER_ENV}) {value} is out of range; use 1 to {POISON_AFTER_MAX} failed "
-            f"attempts (default {DEFAULT_POISON_AFTER})"
-        )
-    return value
 
 
 @dataclass

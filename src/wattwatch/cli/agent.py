@@ -37,5 +37,5 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     options.check_simulate(args.simulate)
     flaws = options.sim_flaws(args, args.simulate)
-    run_agent(settings, simulate=args.simulate, flaws=flaws, options=options.agent_options(args))
+    run_agent(settings, simulate=args.simulate, flaws=flaws, options=options.agent_options(args, settings))
     return 0

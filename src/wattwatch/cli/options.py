@@ -160,7 +160,6 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-discover", action="store_true", help="do not attribute untagged GPU processes to jobs")
     p.add_argument(
         "--fine-interval",
-        type=float,
         metavar="S",
         help="interval length while inference requests flow, for per-query energy (default 0.1; 0: off)",
     )
@@ -172,25 +171,17 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--poison-after",
-        type=int,
         metavar="N",
         help="set a batch aside after N failures (5xx or no answer) while later batches land "
         "(default $WATTWATCH_POISON_AFTER or 5; see `wattwatch spool --help`)",
     )
 
 
-def agent_options(args: argparse.Namespace) -> Any:
-    """The agent's discovery and scraping options: the environment's, with the flags on top."""
+def agent_options(args: argparse.Namespace, settings: Any) -> Any:
+    """The agent's discovery and scraping options: ``settings``' (flags applied there), plus ``--scrape``."""
     from wattwatch.agent.options import AgentOptions
 
-    return AgentOptions.from_env(
-        scrape=args.scrape,
-        kubelet_url=args.kubelet_url,
-        proc_root=args.proc_root,
-        discover=False if args.no_discover else None,
-        fine_interval_s=args.fine_interval,
-        poison_after=args.poison_after,
-    )
+    return AgentOptions.from_settings(settings, scrape=args.scrape)
 
 
 def add_sim_flaws(p: argparse.ArgumentParser) -> None:

@@ -45,6 +45,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
             given("interval_s", "--interval", args.interval)
         if getattr(args, "push_interval", None) is not None:
             given("push_interval_s", "--push-interval", args.push_interval)
+        for name, flag in (("fine_interval", "fine_interval_s"), ("poison_after", "poison_after")):
+            if getattr(args, name, None) is not None:
+                given(flag, f"--{name.replace('_', '-')}", getattr(args, name))
+        if getattr(args, "kubelet_url", None):
+            given("kubelet_url", "--kubelet-url", args.kubelet_url)
+        if getattr(args, "proc_root", None):
+            given("proc_root", "--proc-root", args.proc_root)
+        if getattr(args, "no_discover", False):
+            given("discover", "--no-discover", False, "")
     if getattr(args, "retention_days", None) is not None:
         given("retention_days", "--retention-days", args.retention_days)
     for flag, name in (("past", "time_window_past_s"), ("future", "time_window_future_s")):

@@ -37,6 +37,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     options.check_simulate(args.simulate)
     flaws = options.sim_flaws(args, args.simulate)
     run_up(
-        settings, simulate=args.simulate, flaws=flaws, options=options.agent_options(args), allow_open=args.allow_open
+        settings,
+        simulate=args.simulate,
+        flaws=flaws,
+        options=options.agent_options(args, settings),
+        allow_open=args.allow_open,
     )
     return 0

@@ -169,6 +169,14 @@ class _Families:
             labels=["host"],
         )
     )
+    dropped_intervals: CounterMetricFamily = field(
+        default_factory=lambda: CounterMetricFamily(
+            "wattwatch_agent_dropped_intervals",
+            "Intervals dropped because the spool could not be written (a full disk) for longer than memory holds; "
+            "their time is sent as zero-energy intervals flagged gap.",
+            labels=["host"],
+        )
+    )
     sample_duration: HistogramMetricFamily = field(
         default_factory=lambda: HistogramMetricFamily(
             "wattwatch_agent_sample_duration_seconds", "Time to read every sensor once (s).", labels=["host"]
@@ -236,6 +244,7 @@ class AgentCollector(Collector):
         out.push_failures.add_metric([host], float(stats.failures))
         out.push_conflicts.add_metric([host], float(stats.conflicts))
         out.last_push.add_metric([host], stats.last_pushed_at_s)
+        out.dropped_intervals.add_metric([host], float(agent.outbox.dropped.intervals))
         cumulative, count, sum_s = agent.sampler.stats.histogram()
         buckets = [(repr(bound_s), float(n)) for bound_s, n in cumulative] + [("+Inf", float(count))]
         out.sample_duration.add_metric([host], buckets, sum_s)

@@ -5,18 +5,23 @@ the collector takes batches.
 The worker seals at the first scheduled tick a push interval after the last seal and wakes the push
 thread, so a fleet sends one batch per push interval instead of one per tick, while a job's start and
 end reach the collector without waiting.
+
+A seal, a stage or an acknowledgement that cannot write to the spool because its disk is full
+(``spool.disk_full``) is caught here and told to the outbox (``Outbox.spool_unwritable``: one WARNING
+for the outage, not a traceback per tick); the records wait in memory for the next write.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.push import Pusher
-from wattwatch.agent.spool import Spool
+from wattwatch.agent.spool import Spool, disk_full
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +52,24 @@ class PushCadence:
     def seal(self) -> int | None:
         """Move everything measured so far into one durable batch; returns its seq (None if empty)."""
         self._sealed_at_s = time.monotonic()
-        return self.outbox.seal()
+        try:
+            return self.outbox.seal()
+        except (sqlite3.OperationalError, OSError) as exc:
+            if not disk_full(exc):
+                raise
+            self.outbox.spool_unwritable(exc)  # what it took waits in memory for the next write
+            return None
+
+    def stage(self) -> int | None:
+        """Make what was measured since the last stage durable as a part of the next batch; returns that
+        batch's seq (None when nothing was measured, or the spool's disk is full: it waits in memory)."""
+        try:
+            return self.outbox.stage()
+        except (sqlite3.OperationalError, OSError) as exc:
+            if not disk_full(exc):
+                raise
+            self.outbox.spool_unwritable(exc)
+            return None
 
     def flush(self) -> None:
         """Seal pending measurements and push the spool (what the push thread does every push interval)."""
@@ -119,5 +141,12 @@ class PushCadence:
                     self.pusher.push_pending()
                 else:
                     self.flush()
+            except (sqlite3.OperationalError, OSError) as exc:
+                if not disk_full(exc):
+                    log.exception("agent push failed; what it measured stays spooled for the next push")
+                else:
+                    # An acknowledgement could not be written: the batch is pushed again (a duplicate the
+                    # collector acknowledges) once the spool can be written.
+                    self.outbox.spool_unwritable(exc)
             except Exception:
                 log.exception("agent push failed; what it measured stays spooled for the next push")

@@ -301,6 +301,15 @@ class Agent:
             self._fine.stop()
         self._worker.stop(flush_timeout_s)
         self.seal()
+        held_intervals, _spans = self.outbox.held()
+        if held_intervals:
+            # The next start bridges the time from the spool's checkpoint on (agent.restore): flagged, not lost.
+            log.warning(
+                "%d interval(s) held in memory could not be written to the spool (%s) and go with the agent; "
+                "the next start accounts for their time from the spool's checkpoint on",
+                held_intervals,
+                self.outbox.unwritable or "not writable",
+            )
         self._pushes.drain(flush_timeout_s, say, give_up)
         self.pusher.close()
         if self.scraper is not None:
@@ -318,7 +327,13 @@ class Agent:
         op = msg.get("op")
         if op == "ping":
             # The collector it pushes to: `wattwatch top` reads it there.
-            return {"ok": True, "host": self.host, "agent_id": self.agent_id, "collector": self.settings.collector_url}
+            return {
+                "ok": True,
+                "host": self.host,
+                "agent_id": self.agent_id,
+                "collector": self.settings.collector_url,
+                "spool": self.spool_state(),
+            }
         if op == "job_start":
             return self.job_start(msg)
         if op == "job_end":
@@ -346,6 +361,19 @@ class Agent:
             gpus = [d for d in self.sampler.devices.values() if d.kind == "gpu"]
             return sim_gpu_use(msg, self._hook, gpus, self._resolve_visible, self._clock)
         return {"ok": False, "error": f"unknown op {op!r}; expected ping, job_start, job_end, query, queries or jobs"}
+
+    def spool_state(self) -> dict[str, Any]:
+        """The spool's writability as ``ping`` answers it (``wattwatch doctor`` shows it): why it cannot be
+        written now ("" when it can), what waits in memory and what was dropped since the agent started."""
+        held_intervals, held_spans = self.outbox.held()
+        return {
+            "path": str(self.spool.path),
+            "unwritable": self.outbox.unwritable,
+            "held_intervals": held_intervals,
+            "held_spans": held_spans,
+            "dropped_intervals": self.outbox.dropped.intervals,
+            "dropped_spans": self.outbox.dropped_spans,
+        }
 
     def job_start(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Register a job; the boundary reading is taken asynchronously at the returned ``t_s``."""
@@ -425,8 +453,9 @@ class Agent:
 
     def stage(self) -> int | None:
         """Make what was measured since the last stage durable as part of the next batch (what every
-        scheduled tick does); returns that batch's seq (None if nothing was measured)."""
-        return self.outbox.stage()
+        scheduled tick does); returns that batch's seq (None if nothing was measured, or the spool's disk
+        is full: it waits in memory)."""
+        return self._pushes.stage()
 
     def flush(self) -> None:
         """Seal pending measurements and push the spool (what the push thread does every push interval)."""

@@ -20,6 +20,7 @@ may open the file while the agent runs: SQLite's locks keep each move whole.
 
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
 import threading
@@ -68,6 +69,20 @@ def _reason(text: str) -> dict[str, Any]:
     return {"reason": "rejected", "status": int(status) if status else None, "error": text}
 
 
+# SQLITE_FULL: "database or disk is full" (the disk, or a max_page_count the file may not grow past).
+_SQLITE_FULL = 13
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (from a spool write) says the spool's disk is full: SQLite's SQLITE_FULL, or ENOSPC
+    or EDQUOT (over quota) from the file system. Any other error is not a full disk."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code == _SQLITE_FULL or (code is None and "disk is full" in str(exc))
+    return isinstance(exc, OSError) and exc.errno in _NO_SPACE
+
+
 class Spool:
     """Durable queue of ``(seq, body)``; thread-safe."""
 
@@ -80,6 +95,12 @@ class Spool:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+
+    def _rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not already: on a full disk it rolls back by itself,
+        and a ROLLBACK then would raise "no transaction is active" in place of the error that says why."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
     def meta(self, key: str) -> str | None:
         """A stored string (the agent id lives here), or None."""
@@ -102,7 +123,7 @@ class Spool:
                 self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_seq', ?)", (str(seq + 1),))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return seq
 
@@ -117,7 +138,7 @@ class Spool:
                     self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
 
     def stage(self, seq: int, body: bytes, created_s: float, checkpoint: str | None = None) -> None:
@@ -148,7 +169,7 @@ class Spool:
                 )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return seq
 
@@ -193,7 +214,7 @@ class Spool:
                 self._db.execute("DELETE FROM staged WHERE seq = ?", (seq,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return seq
 
@@ -236,7 +257,7 @@ class Spool:
                     self._db.execute("DELETE FROM batches WHERE seq = ?", (seq,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return row is not None
 
@@ -273,7 +294,7 @@ class Spool:
                     self._db.execute("DELETE FROM dead WHERE seq = ?", (seq,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return [seq for seq, _, _ in moved]
 

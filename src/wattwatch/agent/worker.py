@@ -240,7 +240,7 @@ class Worker:
             self.pushes.seal()
             self.pushes.push_soon()
         elif event.scheduled:
-            self.outbox.stage()  # what this tick measured survives a crash
+            self.pushes.stage()  # what this tick measured survives a crash (or waits in memory: a full disk)
         if event.kind == "stop" and self.settler is not None:
             self.settler.close()
 

@@ -7,9 +7,11 @@ counter's refresh period and phase, live or held instant power, NVML's per-proce
 NVML call latency; or why one is not learned yet); for RAPL its zones and how often they must be
 read; for an estimate the rule it uses. Given the agent's spool file, it also says how many batches
 wait and how many the collector refused for good (set aside, ``agent.poison``), why, and how to retry
-them. The exit code is 0 when nothing here needs fixing (absent hardware, such as no GPU or no RAPL in
-a VM, is not a problem) and 1 when a source exists but is unusable for a reason the user can fix
-(permissions, a failing driver, a GPU that cannot be opened) or batches are set aside.
+them. Given the agent's socket, it asks the running agent whether its spool can be written (a full
+disk) and how many intervals it had to drop since it started. The exit code is 0 when nothing here
+needs fixing (absent hardware, such as no GPU or no RAPL in a VM, is not a problem) and 1 when a source
+exists but is unusable for a reason the user can fix (permissions, a failing driver, a GPU that cannot
+be opened), batches are set aside or the running agent cannot write its spool.
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a sensor's library warning is no finding; the report says what is wrong
         text, code = run_doctor(
-            simulate_fleet=fleet, cpu_tdp_w=settings.cpu_tdp_w or None, spool_path=settings.home / SPOOL_FILE
+            simulate_fleet=fleet,
+            cpu_tdp_w=settings.cpu_tdp_w or None,
+            spool_path=settings.home / SPOOL_FILE,
+            agent_socket=settings.socket_path,
         )
     print(text)
     return code
@@ -81,12 +86,14 @@ def run_doctor(
     nvml: Any | None = None,
     cpu_tdp_w: float | None = None,
     spool_path: Path | None = None,
+    agent_socket: Path | None = None,
 ) -> tuple[str, int]:
     """The doctor's report as text, and the exit code (0: nothing to fix; 1: something to fix).
 
     ``simulate_fleet`` examines simulated GPUs instead of NVML; ``powercap_root`` and ``nvml`` (a
     pynvml-like module) are the hardware boundaries, passed in so tests use fixtures. ``spool_path``: the
-    agent's spool file, described when given.
+    agent's spool file, described when given; ``agent_socket``: the agent's local API, asked (when an agent
+    answers there) whether it can write its spool and what it dropped.
     """
     from wattwatch.sensors.discovery import discover
 
@@ -100,6 +107,12 @@ def run_doctor(
         spool_lines, spool_problems = describe_spool(spool_path)
         lines += ["", "Agent spool", *spool_lines]
         problems += spool_problems
+    if agent_socket is not None:
+        agent_lines, agent_problems = describe_agent_spool(agent_socket)
+        if spool_path is None:
+            lines += ["", "Agent spool"]
+        lines += agent_lines
+        problems += agent_problems
     lines.append("")
     if problems:
         lines.append(f"{problems} problem(s) to fix (marked FIX above); wattwatch measures what it can meanwhile.")
@@ -251,3 +264,37 @@ def describe_spool(path: Path) -> tuple[list[str], int]:
         "(`wattwatch spool list` shows them all)"
     )
     return lines, 1
+
+
+def describe_agent_spool(socket_path: Path) -> tuple[list[str], int]:
+    """What the agent running at ``socket_path`` says of its spool (``ping``): whether it can write it, what
+    it holds in memory meanwhile and how many intervals it dropped since it started (1 problem while it
+    cannot write). No line when no agent answers there, or an agent too old to say."""
+    from wattwatch.sdk import AgentClient
+
+    if not socket_path.exists():
+        return [], 0
+    client = AgentClient(socket_path, timeout_s=2.0)
+    try:
+        state = client.request({"op": "ping"}).get("spool")
+    except (OSError, ValueError):
+        return [], 0
+    finally:
+        client.close()
+    if not isinstance(state, dict):
+        return [], 0
+    dropped = int(state.get("dropped_intervals") or 0)
+    lost = (
+        f"; {dropped} interval(s) dropped since it started (their time is sent as gap intervals: reports show "
+        "it as not measured)"
+        if dropped
+        else "; no interval dropped since it started"
+    )
+    if not state.get("unwritable"):
+        return [f"{OK}  {'agent':14s} the running agent writes its spool{lost}"], 0
+    return [
+        f"{WARN}  {'agent':14s} the running agent CANNOT WRITE its spool ({state['unwritable']}): "
+        f"{state.get('held_intervals', 0)} interval(s) held in memory{lost}",
+        f"      {'':14s} fix: free space on the disk of {state.get('path', 'its spool')} (or give the agent another "
+        "--home); it writes what it holds by itself",
+    ], 1

@@ -83,6 +83,14 @@ class JobEntry(msgspec.Struct):
     cpu_energy_j: Joules
     dram_energy_j: Joules
     avg_power_w: Watts | None
+    unmeasured_s: Annotated[
+        Seconds,
+        msgspec.Meta(
+            ge=0,
+            description="of duration_s, the seconds in which one of its devices was not measured (an agent's full "
+            "disk, an outage no counter bridged): its energy then is not in energy_j",
+        ),
+    ]
     peak_power_w: Watts
     queries: Count
     tokens: Count

@@ -50,6 +50,8 @@ _CSV_FIELDS = (
     "intensity_source",
     "pue",
     "cost",
+    # Of duration_s, the seconds no reading of one of the job's devices covers (storage.unmeasured).
+    "unmeasured_s",
 )
 
 

@@ -13,6 +13,7 @@ from wattwatch.reporting.notes import (
     idle_share_line,
     idle_title,
     idle_view,
+    unmeasured_notes,
     window_note,
 )
 from wattwatch.reporting.rows import group_table, job_columns, job_rows, total_cells
@@ -36,7 +37,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines = md([t for _, t, _ in columns], rows)
     if not rows:
         lines += ["", f"*{empty_message(report)}*"]
-    notes = footnotes(report) if not grouped else grouped_notes(report)
+    notes = footnotes(report) + unmeasured_notes(report) if not grouped else grouped_notes(report)
     if notes:
         lines += ["", *(f"- {line}" for line in notes)]
     share = idle_share_line(report)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from wattwatch.reporting.figures import figure, format_energy, format_grams
+from wattwatch.reporting.figures import figure, format_duration, format_energy, format_grams
 from wattwatch.reporting.rows import cell, note_marks
 
 
@@ -19,6 +19,21 @@ def footnotes(report: Mapping[str, Any]) -> list[str]:
         if job["id"] in notes:
             fix = f" Fix: {job['fix']}." if job.get("fix") else ""
             lines.append(f"[{notes[job['id']]}] {cell(job, 'id')}: {job['reason']}.{fix}")
+    return lines
+
+
+def unmeasured_notes(report: Mapping[str, Any]) -> list[str]:
+    """``JOB: N s not measured ...`` for each job with time no reading of one of its devices covers
+    (``unmeasured_s``), so its ENERGY reads as what it is: the energy of the rest of its window."""
+    lines = []
+    for job in report.get("jobs", []):
+        unmeasured_s = float(job.get("unmeasured_s") or 0.0)
+        if unmeasured_s > 0.0:
+            duration = format_duration(job.get("duration_s"))
+            lines.append(
+                f"{cell(job, 'id')}: {figure(unmeasured_s)} s not measured of its {duration} (an agent's full "
+                "disk, or an outage no counter bridged): ENERGY leaves that time out."
+            )
     return lines
 
 

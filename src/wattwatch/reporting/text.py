@@ -14,6 +14,7 @@ from wattwatch.reporting.notes import (
     idle_share_line,
     idle_title,
     idle_view,
+    unmeasured_notes,
     window_note,
 )
 from wattwatch.reporting.rows import TEXT_KEYS, group_table, job_columns, job_rows, total_cells
@@ -70,7 +71,7 @@ def table(report: Mapping[str, Any], *, width: int | None = None, color: bool = 
             parts.append(table_render.dim(hidden, color))
     else:
         parts.append(empty_message(report))
-    notes = footnotes(report) if not grouped else grouped_notes(report)
+    notes = footnotes(report) + unmeasured_notes(report) if not grouped else grouped_notes(report)
     if notes:
         parts += ["", *notes]
     share = idle_share_line(report)

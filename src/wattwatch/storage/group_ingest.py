@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine, func, select, tuple_
 from wattwatch.accounting.rollup import JobHostTotals, rollup_intervals
 from wattwatch.carbon import grid
 from wattwatch.protocol import wire
-from wattwatch.storage import raw_batches, tables
+from wattwatch.storage import raw_batches, tables, unmeasured
 from wattwatch.storage.dialect import (
     append_rows,
     cached_upsert,
@@ -196,6 +196,7 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     job_hosts: dict[tuple[str, int], JobHostTotals] = {}
     idle: dict[tuple[int, float], float] = {}
     ticks: dict[int, dict[tuple[str, float, float], float]] = {}
+    unmeasured_rows: list[tuple[Any, ...]] = []
     for item, rollup in zip(items, rollups, strict=True):
         batch = item.batch
         host_id = host_ids[batch.host]
@@ -203,6 +204,7 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
         raw = raw_batches.batch_row(host_id, batch, item.received_at_s)
         if raw is not None:
             raw_rows.append(raw)
+        unmeasured_rows += unmeasured.span_rows(batch.intervals, dev)
         for (job_id, key), t in rollup.job_device.items():
             e, p, s = jde.get((job_id, dev[key]), (0.0, 0.0, set()))
             jde[(job_id, dev[key])] = (e + t.energy_j, max(p, t.max_power_w), s | t.sources)
@@ -232,6 +234,7 @@ def _store(conn: Connection, items: Sequence[Pending], cache: DeviceCache | None
     # None of these writes needs another's result: on PostgreSQL they go out in one pipeline.
     with pipelined(conn):
         append_rows(conn, tables.raw_batches, raw_batches.COLUMNS, raw_rows)
+        append_rows(conn, tables.unmeasured_spans, unmeasured.COLUMNS, unmeasured_rows)
         add_job_device_energy(conn, [(j, d, e, p, sorted(s)) for (j, d), (e, p, s) in jde.items()])
         add_job_hosts(conn, job_hosts)
         add_idle(conn, [(d, h, e) for (d, h), e in idle.items()])

@@ -25,6 +25,7 @@ from wattwatch.storage.dialect import among
 from wattwatch.storage.job_refs import short_ids
 from wattwatch.storage.span_reads import SpanFigures, read_span_figures
 from wattwatch.storage.tables import devices, hosts, job_device_energy, job_hosts, jobs
+from wattwatch.storage.unmeasured import unmeasured_s
 from wattwatch.storage.zero_reasons import explain
 
 _SOURCE_NOTES = {
@@ -63,7 +64,9 @@ def job_entries(
     intensity = Intensities(conn, carbon)
     jde = job_device_energy
     energy_rows = conn.execute(
-        select(jde.c.job_id, hosts.c.name, devices.c.key, devices.c.kind, jde.c.energy_j, jde.c.sources)
+        select(
+            jde.c.job_id, hosts.c.name, devices.c.key, devices.c.kind, jde.c.energy_j, jde.c.sources, jde.c.device_id
+        )
         .select_from(jde.join(devices, jde.c.device_id == devices.c.id).join(hosts, devices.c.host_id == hosts.c.id))
         .where(among(conn, jde.c.job_id, ids))
     ).all()
@@ -82,7 +85,9 @@ def job_entries(
     per_job_sources: dict[str, set[str]] = {}
     per_job_device: dict[str, list[dict[str, Any]]] = {}
     held_gpu: set[str] = set()
-    for job_id, host, key, kind, energy_j, sources in energy_rows:
+    per_job_device_ids: dict[str, set[int]] = {}
+    for job_id, host, key, kind, energy_j, sources, device_id in energy_rows:
+        per_job_device_ids.setdefault(job_id, set()).add(device_id)
         if kind == "gpu":
             held_gpu.add(job_id)
         per_job_device.setdefault(job_id, []).append(
@@ -111,6 +116,9 @@ def job_entries(
     gpu_hosts = set(
         conn.execute(select(hosts.c.name).distinct().select_from(on_host).where(devices.c.kind == "gpu")).scalars()
     )
+    # Seconds of each job's window in which one of its devices was not measured (storage.unmeasured).
+    windows = {str(r.id): (r.started_at_s, r.ended_at_s if r.ended_at_s is not None else now_s) for r in job_rows}
+    unmeasured = unmeasured_s(conn, windows, per_job_device_ids)
     entries: dict[str, dict[str, Any]] = {}
     for job in job_rows:
         by_kind = per_job_kind.get(job.id, dict.fromkeys(DEVICE_KINDS, 0.0))
@@ -138,6 +146,9 @@ def job_entries(
             "cpu_energy_j": by_kind["cpu"],
             "dram_energy_j": by_kind["dram"],
             "avg_power_w": avg_power_w,
+            # Of duration_s, the seconds no reading of one of its devices covers (its energy then is not in
+            # energy_j): an agent's full disk or an outage its counters could not bridge.
+            "unmeasured_s": unmeasured.get(job.id, 0.0),
             # Sum of each host's peak: exact on one host, an upper bound when hosts peak at different times.
             # A job shorter than a peak window has no peak of its own: its average is the best figure.
             "peak_power_w": max(math.fsum(h["peak_power_w"] for h in per_host.values()), avg_power_w or 0.0),

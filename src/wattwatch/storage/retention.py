@@ -18,14 +18,15 @@ What each table is for, and so what may go (docs/storage.md says it for operator
   is needed until ``r + past + future`` and no later: keys go once received before
   ``now - max(retention_s, past + future)``. (Rule: keep keys at least the whole time window, past plus
   future, since a batch is received.)
-- Never pruned: ``jobs``, ``job_device_energy``, ``job_hosts``, ``job_query_totals``, ``span_stats``
-  (the rollups reports read), ``idle_energy``, ``device_energy`` (totals), hosts, devices, agents and
-  tokens. ``idle_energy`` is compacted instead: hours older than ``idle.IDLE_DAILY_AFTER_S`` (2 days) are
-  folded into one row per device and day (at the day's midnight), so a 7-day report sums about 50 rows
-  per device rather than 168, and history costs 24 times fewer rows. Reports bound idle by whole days
-  that far back (``idle.idle_bounds``), so they read the same sums before and after a fold. Energy is
-  moved, never lost: the fold deletes the hour rows (``DELETE ... RETURNING``, so a row an ingest updates
-  meanwhile is folded at its latest value or left for the next pass) and adds what it deleted to the day.
+- Never pruned: ``jobs``, ``job_device_energy``, ``job_hosts``, ``job_query_totals``, ``span_stats``,
+  ``unmeasured_spans`` (the rollups reports read), ``idle_energy``, ``device_energy`` (totals), hosts,
+  devices, agents and tokens. ``idle_energy`` is compacted instead: hours older than
+  ``idle.IDLE_DAILY_AFTER_S`` (2 days) are folded into one row per device and day (at the day's
+  midnight), so a 7-day report sums about 50 rows per device rather than 168, and history costs 24 times
+  fewer rows. Reports bound idle by whole days that far back (``idle.idle_bounds``), so they read the
+  same sums before and after a fold. Energy is moved, never lost: the fold deletes the hour rows
+  (``DELETE ... RETURNING``, so a row an ingest updates meanwhile is folded at its latest value or left
+  for the next pass) and adds what it deleted to the day.
 
 Each statement deletes at most ``chunk_rows`` rows and commits, so the pass never holds a long lock
 (SQLite's single writer) or builds a large transaction; ingest interleaves between chunks. A pass that

@@ -4,8 +4,8 @@ Times are Unix epoch seconds (``*_s``, Float) and energies joules (``*_j``, Floa
 format, so nothing is converted between agent, database and report. ``raw_batches`` is the raw record
 (every batch's intervals with their shares, one row per batch: ``storage.raw_batches``; revisions before
 0010 wrote a row per interval into ``energy_intervals``, kept until retention empties it);
-``job_device_energy``, ``job_hosts``, ``idle_energy`` and ``job_query_totals`` are rollups
-that ingest keeps current, so reports read O(jobs) rows, never the raw intervals.
+``job_device_energy``, ``job_hosts``, ``idle_energy``, ``job_query_totals`` and ``unmeasured_spans`` are
+rollups that ingest keeps current, so reports read O(jobs) rows, never the raw intervals.
 
 Per-span energy (``storage.span_energy``): ``job_ticks`` is each job's energy timeline, ``queries``
 and ``query_counts`` the spans and counts it is shared among, ``span_dirty`` the queue of jobs with
@@ -108,6 +108,19 @@ energy_intervals = Table(
     Column("energy_j", Float, nullable=False),
     Column("source", String(16), nullable=False),
     Column("flags", String(200), nullable=False, default=""),
+    Index(None, "device_id", "t_start_s"),
+)
+
+# Time a device was not measured: its intervals flagged ``gap`` or ``restart_gap`` (storage.unmeasured), one
+# row each, kept at ingest so reports say how much of a job's window no reading covers (migration 0013).
+unmeasured_spans = Table(
+    "unmeasured_spans",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("device_id", Integer, ForeignKey("devices.id", ondelete="CASCADE"), nullable=False),
+    Column("t_start_s", Float, nullable=False),
+    Column("t_end_s", Float, nullable=False),
+    Column("flag", String(24), nullable=False),
     Index(None, "device_id", "t_start_s"),
 )
 
@@ -369,6 +382,7 @@ DATA_TABLES = (
     "job_hosts",
     "job_device_energy",
     "energy_intervals",
+    "unmeasured_spans",
     "raw_batches",
     "jobs",
     "devices",

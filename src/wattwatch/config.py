@@ -81,6 +81,12 @@ class Settings:
     # spans, ticks and idempotency keys once older than both this and the time window; 0 keeps everything.
     # Rollups of jobs and idle energy are never deleted.
     retention_days: float = 14.0
+    # The collector's HTTP server (collector.server): a request's headers are due this long after its
+    # connection or first byte, its body this long after its headers; beyond ``max_connections`` open at
+    # once a new connection is answered 503 with Retry-After. Each open connection is a file descriptor.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 1000
     # Agent: which processes become jobs and what the agent scrapes (wattwatch.agent.options turns these
     # into its parsed options). Untagged GPU processes are attributed to jobs unless ``discover`` is off;
     # ``proc_root`` is the host's /proc (/host/proc in a pod).
@@ -184,6 +190,9 @@ RANGES: dict[str, Range] = {
         True,
     ),
     "retention_days": Range(0.0, 36500.0, "retention is 0 (keep everything) or up to 36500 days"),
+    "header_timeout_s": Range(0.1, 3600.0, "the header timeout is 0.1 to 3600 seconds (default 10)"),
+    "body_timeout_s": Range(0.1, 3600.0, "the body timeout is 0.1 to 3600 seconds (default 60)"),
+    "max_connections": Range(1, 1_000_000, "the connection limit is 1 to 1000000 (default 1000)", whole=True),
     # Under 10 ms a fine tick is shorter than the fastest board's refresh: every interval would be an
     # estimate, at hundreds of reads a second.
     "fine_interval_s": Range(0.01, 3600.0, "the fine tick is 0 (off) or 0.01 to 3600 seconds", or_zero=True),
@@ -286,6 +295,9 @@ ENV_VARS = {
     "time_window_past_s": "WATTWATCH_TIME_WINDOW_PAST",
     "time_window_future_s": "WATTWATCH_TIME_WINDOW_FUTURE",
     "retention_days": "WATTWATCH_RETENTION_DAYS",
+    "header_timeout_s": "WATTWATCH_HEADER_TIMEOUT",
+    "body_timeout_s": "WATTWATCH_BODY_TIMEOUT",
+    "max_connections": "WATTWATCH_MAX_CONNECTIONS",
     "discover": "WATTWATCH_DISCOVER",
     "proc_root": "WATTWATCH_PROC_ROOT",
     "kubelet_url": "WATTWATCH_KUBELET_URL",

@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wattwatch")
 
-# Seconds an idle HTTP connection stays open (above the agents' push interval; see Collector).
-KEEP_ALIVE_S = 75
 # The collector's youngest GC generation is collected after this many new container objects instead of
 # Python's 700: a batch of 300 intervals allocates well over 700 short-lived tuples and lists, nearly all
 # freed by reference counting, so the default collected every batch or two (about 4 % of the collector's
@@ -193,6 +191,7 @@ class Collector:
     ) -> None:
         import uvicorn
 
+        from wattwatch.collector import server
         from wattwatch.collector.app import create_app
         from wattwatch.collector.auth import is_loopback, open_collector_error
         from wattwatch.storage import engine as storage_engine
@@ -228,9 +227,13 @@ class Collector:
             port=port,
             log_level="warning",
             access_log=False,
-            # Agents push every few seconds over one kept-alive connection: uvicorn's default of 5 s would
-            # close it just as the next push (every 5 s by default) is sent.
-            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_keep_alive=server.KEEP_ALIVE_S,
+            # Read deadlines and a connection limit (collector.server): no caller holds a socket for ever.
+            http=server.protocol_class(
+                header_timeout_s=settings.header_timeout_s,
+                body_timeout_s=settings.body_timeout_s,
+                max_connections=int(settings.max_connections),
+            ),
             # The client address stays the TCP peer's: X-Forwarded-For never makes a caller look local.
             proxy_headers=False,
             **tls,

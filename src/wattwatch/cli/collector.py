@@ -46,6 +46,7 @@ def add_parser(sub: Any) -> None:
     options.add_metric_labels(col)
     options.add_time_window(col)
     options.add_retention(col)
+    options.add_server_limits(col)
 
 
 def check_workers(workers: int, settings: Settings) -> None:

@@ -243,3 +243,27 @@ def add_retention(p: argparse.ArgumentParser) -> None:
         help="delete raw intervals older than this, and spans, ticks and batch keys once also past the time "
         "window; job and idle rollups stay forever (default 14; 0 keeps everything; WATTWATCH_RETENTION_DAYS)",
     )
+
+
+def add_server_limits(p: argparse.ArgumentParser) -> None:
+    """``--header-timeout``, ``--body-timeout`` and ``--max-connections``."""
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a connection whose request headers take longer than this (default 10; WATTWATCH_HEADER_TIMEOUT)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a connection whose request body takes longer than this after its headers (default 60; "
+        "WATTWATCH_BODY_TIMEOUT)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="answer 503 with Retry-After beyond this many open connections (default 1000; each is a file "
+        "descriptor; WATTWATCH_MAX_CONNECTIONS)",
+    )

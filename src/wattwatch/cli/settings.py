@@ -54,6 +54,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
             given("proc_root", "--proc-root", args.proc_root)
         if getattr(args, "no_discover", False):
             given("discover", "--no-discover", False, "")
+    for name, field in (
+        ("header_timeout", "header_timeout_s"),
+        ("body_timeout", "body_timeout_s"),
+        ("max_connections", "max_connections"),
+    ):
+        if getattr(args, name, None) is not None:
+            given(field, f"--{name.replace('_', '-')}", getattr(args, name))
     if getattr(args, "retention_days", None) is not None:
         given("retention_days", "--retention-days", args.retention_days)
     for flag, name in (("past", "time_window_past_s"), ("future", "time_window_future_s")):

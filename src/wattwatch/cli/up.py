@@ -26,6 +26,7 @@ def add_parser(sub: Any) -> None:
     options.add_allow_open(up)
     options.add_metric_labels(up)
     options.add_retention(up)
+    options.add_server_limits(up)
     options.add_agent_options(up)
     options.add_grid_region(up)
 

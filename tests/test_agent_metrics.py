@@ -45,6 +45,7 @@ AGENT_FAMILIES = {
     "wattwatch_agent_push_failures": "counter",
     "wattwatch_agent_push_conflicts": "counter",
     "wattwatch_agent_last_push_timestamp_seconds": "gauge",
+    "wattwatch_agent_dropped_intervals": "counter",
     "wattwatch_agent_sample_duration_seconds": "histogram",
     "wattwatch_agent_sensor_errors": "counter",
     "wattwatch_agent_refused": "counter",

@@ -14,13 +14,25 @@ import time
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
 
+from procs import wait_for
+from test_agent_metrics import scrape, value
+from wattwatch.agent import held
 from wattwatch.agent.held import GAP, Dropped
+from wattwatch.agent.options import AgentOptions
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.push_cadence import PushCadence
-from wattwatch.agent.spool import Spool, disk_full
+from wattwatch.agent.runner import Agent
+from wattwatch.agent.spool import SPOOL_FILE, Spool, disk_full
+from wattwatch.cli.doctor import describe_agent_spool
+from wattwatch.collector import create_app
+from wattwatch.config import Settings
 from wattwatch.protocol import wire
+from wattwatch.sensors.nvml import NvmlSensor, resolve_visible
+from wattwatch.sim.fleet import SimulatedFleet
 
 DEVICES = [wire.Device(key="gpu0", kind="gpu"), wire.Device(key="cpu0", kind="cpu")]
 TICK_S = 1.0
@@ -239,3 +251,133 @@ def test_spans_past_their_bound_are_dropped_oldest_first_and_counted(tmp_path: P
     (body,) = [b for _, b in spool.peek()]
     assert wire.decode_batch(body).queries == spans[3:]
     spool.close()
+
+
+def sim_agent(home: Path, fleet: SimulatedFleet) -> Agent:
+    """An agent on ``fleet`` through the NVML sensor, serving its socket; it ticks only when told."""
+    sensor = NvmlSensor(fleet.module(), clock=fleet.clock)
+    settings = Settings(home=home, collector_url="http://127.0.0.1:9", interval_s=3600, push_interval_s=3600)
+    return Agent(
+        settings, [sensor], gpu_processes=sensor, resolve_visible=resolve_visible, options=AgentOptions(discover=False)
+    )
+
+
+def test_the_agent_counts_what_it_dropped_on_metrics_its_ping_and_doctor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(held, "MAX_HELD_INTERVALS", 3)  # read when the agent's outbox is made
+    # The agent's spool file made with 512-byte pages first: a tick's part (an interval and the checkpoint)
+    # takes more than one, so every stage needs a page more, which the full file cannot give.
+    made = sqlite3.connect(tmp_path / SPOOL_FILE)
+    made.execute("PRAGMA page_size = 512")
+    made.execute("PRAGMA journal_mode = WAL")
+    made.close()
+    fleet = SimulatedFleet(1, seed=3)
+    agent = sim_agent(tmp_path, fleet)
+    settings = agent.settings
+    agent.start()
+    try:
+        disk = Disk(agent.spool)
+        disk.fill()
+        for _ in range(8):
+            time.sleep(0.02)
+            assert agent.tick(stage=True)
+        dropped = value(scrape(agent), "wattwatch_agent_dropped_intervals_total", host=agent.host)
+        assert dropped == agent.outbox.dropped.intervals >= 3
+        state = agent.handle({"op": "ping"})["spool"]
+        assert state["unwritable"] == "database or disk is full" and state["held_intervals"] == 3
+        assert state["dropped_intervals"] == dropped
+        lines, problems = describe_agent_spool(settings.socket_path)
+        assert problems == 1 and "CANNOT WRITE its spool (database or disk is full)" in lines[0], lines
+        assert f"{int(dropped)} interval(s) dropped since it started" in lines[0] and "free space" in lines[1]
+        disk.free()
+        assert agent.tick(stage=True)  # its interval joins the 3 held first: one more dropped, then all written
+        total = agent.outbox.dropped.intervals
+        assert total == dropped + 1 and agent.outbox.held() == (0, 0)
+        lines, problems = describe_agent_spool(settings.socket_path)
+        assert problems == 0 and lines == [
+            f"ok    agent          the running agent writes its spool; {total} interval(s) dropped since it "
+            "started (their time is sent as gap intervals: reports show it as not measured)"
+        ]
+    finally:
+        agent.stop(flush_timeout_s=0.1)
+    assert describe_agent_spool(settings.socket_path) == ([], 0)  # no agent there: nothing to say
+
+
+def test_an_agent_starting_on_a_full_disk_runs_and_the_next_start_seals_what_was_left_staged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="wattwatch")
+    fleet = SimulatedFleet(1, seed=3)
+    # The agent before this one staged a part and was killed before it sealed it.
+    spool = Spool(tmp_path / SPOOL_FILE)
+    crashed = Outbox(spool, "agent-1", "host-1", lambda: DEVICES, time.time)
+    left = ticks(time.time() - 100, 2)
+    crashed.add(intervals=[iv for batch in left for iv in batch])
+    seq = crashed.stage()
+    spool.close()
+    agent = sim_agent(tmp_path, fleet)
+    disk = Disk(agent.spool)
+    disk.fill()
+    agent.start()  # the left part cannot be sealed now: it stays staged, and the agent measures on
+    try:
+        assert agent.outbox.unwritable == "database or disk is full"
+        assert agent.tick(stage=True)
+        disk.free()
+        assert agent.tick(stage=True) and agent.outbox.unwritable == ""
+    finally:
+        agent.stop(flush_timeout_s=0.1)
+    spool = Spool(tmp_path / SPOOL_FILE)
+    assert list(spool.staged()) == [seq]
+    spool.close()
+    again = sim_agent(tmp_path, fleet)
+    again.start()
+    again.stop(flush_timeout_s=0.1)
+    spool = Spool(tmp_path / SPOOL_FILE)
+    try:
+        assert spool.staged() == {}
+        (recovered,) = [b for b in (wire.decode_batch(body) for _, body in spool.peek(limit=100)) if b.seq == seq]
+        assert recovered.intervals == [iv for batch in left for iv in batch]
+    finally:
+        spool.close()
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_an_acknowledgement_that_cannot_be_written_is_said_once_and_the_batch_goes_again(
+    tmp_path: Path, db_engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="wattwatch")
+    app = create_app(Settings(home=tmp_path / "c"), db_engine, span_energy_interval_s=None)
+    spool = Spool(tmp_path / SPOOL_FILE)
+    outbox = Outbox(spool, "agent-1", "host-1", lambda: DEVICES, time.time)
+    with TestClient(app) as client:
+        pusher = Pusher(spool, "http://testserver", client=client)
+        cadence = PushCadence(outbox, pusher, spool, "http://testserver", push_interval_s=3600.0, interval_s=TICK_S)
+        outbox.add(intervals=ticks(time.time() - 100, 1)[0])
+        seq = cadence.seal()
+        acks: list[int] = []
+
+        def full(seq: int) -> None:
+            acks.append(seq)
+            raise sqlite3.OperationalError("database or disk is full")
+
+        monkeypatch.setattr(spool, "ack", full)
+        cadence.start()
+        try:
+            for round_n in range(1, 4):  # three rounds, each stored by the collector and not forgotten here
+                cadence.push_soon()
+                wait_for(lambda n=round_n: len(acks) >= n, 10, "the push to land")
+            assert outbox.unwritable == "database or disk is full" and spool.pending() == 1
+            monkeypatch.undo()
+            outbox.add(intervals=ticks(time.time() - 99, 1)[0])
+            assert cadence.stage() is not None and outbox.unwritable == ""
+            cadence.push_soon()
+            wait_for(lambda: spool.pending() == 0, 10, "the batch to be acknowledged")
+        finally:
+            cadence.stop(5.0)
+            pusher.close()
+    spool.close()
+    assert acks == [seq, seq, seq]
+    said = [r for r in caplog.records if "spool" in r.getMessage() and r.name.startswith("wattwatch.agent")]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.INFO], [r.getMessage() for r in said]
+    assert not any(r.exc_info for r in caplog.records)

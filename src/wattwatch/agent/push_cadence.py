@@ -107,8 +107,14 @@ class PushCadence:
         if left > 1:
             tell(f"pushing the {left} batches left in the spool to {self.collector_url}")
         while left and time.monotonic() - started < timeout_s and not (give_up and give_up.is_set()):
-            if self.pusher.push_pending(force=True):
-                break  # what is left waits for its own retry (agent.poison): the next start tries it again
+            try:
+                if self.pusher.push_pending(force=True):
+                    break  # what is left waits for its own retry (agent.poison): the next start tries it again
+            except (sqlite3.OperationalError, OSError) as exc:
+                if not disk_full(exc):
+                    raise
+                self.outbox.spool_unwritable(exc)
+                break  # an acknowledgement cannot be written: the next start pushes the batch again
             now_left = self.spool.pending()
             if now_left >= left:
                 break  # nothing landed: the collector is away or refusing; waiting would only delay the stop

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import sqlite3
 import threading
 import time
 import uuid
@@ -45,7 +46,7 @@ from wattwatch.agent.restore import read_boot_id
 from wattwatch.agent.sampler import Sampler
 from wattwatch.agent.scrape import Scraper
 from wattwatch.agent.sim_use import sim_gpu_use
-from wattwatch.agent.spool import SPOOL_FILE, Spool
+from wattwatch.agent.spool import SPOOL_FILE, Spool, disk_full
 from wattwatch.agent.takeover import ReadoptedJobs
 from wattwatch.agent.tracker import GpuProcesses, ProcessTracker, discovered_by
 from wattwatch.agent.worker import Worker
@@ -252,7 +253,12 @@ class Agent:
         return self._metrics.url if self._metrics is not None else None
 
     def _start(self) -> None:
-        self.outbox.recover()  # batches a crash left staged, before anything new is staged
+        try:
+            self.outbox.recover()  # batches a crash left staged, before anything new is staged
+        except (sqlite3.OperationalError, OSError) as exc:
+            if not disk_full(exc):
+                raise
+            self.outbox.spool_unwritable(exc)  # they stay staged, under their own seqs: the next start seals them
         self.sampler.sample(self._worker.shares)  # baseline: intervals start here
         self._worker.restore(self.spool, self._boot_id, self.settings.restart_bridge_max_s)
         self._worker.start()

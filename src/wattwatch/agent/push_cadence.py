@@ -18,12 +18,15 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool, disk_full
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class PushCadence:
@@ -52,19 +55,18 @@ class PushCadence:
     def seal(self) -> int | None:
         """Move everything measured so far into one durable batch; returns its seq (None if empty)."""
         self._sealed_at_s = time.monotonic()
-        try:
-            return self.outbox.seal()
-        except (sqlite3.OperationalError, OSError) as exc:
-            if not disk_full(exc):
-                raise
-            self.outbox.spool_unwritable(exc)  # what it took waits in memory for the next write
-            return None
+        return self._writing(self.outbox.seal)
 
     def stage(self) -> int | None:
         """Make what was measured since the last stage durable as a part of the next batch; returns that
         batch's seq (None when nothing was measured, or the spool's disk is full: it waits in memory)."""
+        return self._writing(self.outbox.stage)
+
+    def _writing(self, write: Callable[[], T]) -> T | None:
+        """``write()``, a write to the spool; None when its disk is full, told to the outbox (what the write
+        took waits in memory for the next one). Any other error is raised."""
         try:
-            return self.outbox.stage()
+            return write()
         except (sqlite3.OperationalError, OSError) as exc:
             if not disk_full(exc):
                 raise
@@ -107,14 +109,11 @@ class PushCadence:
         if left > 1:
             tell(f"pushing the {left} batches left in the spool to {self.collector_url}")
         while left and time.monotonic() - started < timeout_s and not (give_up and give_up.is_set()):
-            try:
-                if self.pusher.push_pending(force=True):
-                    break  # what is left waits for its own retry (agent.poison): the next start tries it again
-            except (sqlite3.OperationalError, OSError) as exc:
-                if not disk_full(exc):
-                    raise
-                self.outbox.spool_unwritable(exc)
-                break  # an acknowledgement cannot be written: the next start pushes the batch again
+            took = self._writing(lambda: self.pusher.push_pending(force=True))
+            if took is None:
+                break  # an acknowledgement cannot be written (a full disk): the next start pushes it again
+            if took:
+                break  # what is left waits for its own retry (agent.poison): the next start tries it again
             now_left = self.spool.pending()
             if now_left >= left:
                 break  # nothing landed: the collector is away or refusing; waiting would only delay the stop
@@ -143,16 +142,11 @@ class PushCadence:
                 return
             self._wake.clear()
             try:
+                # An acknowledgement that cannot be written (a full disk) leaves its batch queued: it is pushed
+                # again, a duplicate the collector acknowledges, once the spool can be written.
                 if woken or time.monotonic() - self._sealed_at_s < self.push_interval_s:
-                    self.pusher.push_pending()
+                    self._writing(self.pusher.push_pending)
                 else:
-                    self.flush()
-            except (sqlite3.OperationalError, OSError) as exc:
-                if not disk_full(exc):
-                    log.exception("agent push failed; what it measured stays spooled for the next push")
-                else:
-                    # An acknowledgement could not be written: the batch is pushed again (a duplicate the
-                    # collector acknowledges) once the spool can be written.
-                    self.outbox.spool_unwritable(exc)
+                    self._writing(self.flush)
             except Exception:
                 log.exception("agent push failed; what it measured stays spooled for the next push")

@@ -29,7 +29,6 @@ import httpx
 import pytest
 from sqlalchemy import create_engine
 
-from conftest import unavailable
 from procs import WATTWATCH, free_port, wait_for
 from test_agent_metrics import value
 from test_restart_e2e import WAIT_FOR_FILE, agent_jobs, agent_ready
@@ -61,7 +60,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
-        unavailable(f"cannot mount a tmpfs here (root only): {done.stderr.decode().strip()}")
+        # Root is no service the environment promises (WATTWATCH_REQUIRE_SERVICES): a skip, not a failure.
+        # tests/test_spool_full.py drives the same agent on a full SQLite file without it.
+        pytest.skip(f"cannot mount a tmpfs here (root only): {done.stderr.decode().strip()}")
     try:
         yield mount
     finally:

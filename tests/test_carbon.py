@@ -158,12 +158,19 @@ def test_a_host_in_france_and_one_in_the_usa_emit_in_the_ratio_of_codecarbons_in
 def test_a_job_on_both_hosts_emits_each_hosts_share_at_its_own_intensity(client: TestClient) -> None:
     fra, usa = country_intensity("FRA"), country_intensity("USA")
     assert ingest(client, host_batch("paris-1", "run-7", "training", "FRA", energy_j=3.6e6)).status_code == 200
-    assert ingest(client, host_batch("ohio-1", "run-7", "training", "usa", energy_j=7.2e6)).status_code == 200
+    assert ingest(client, host_batch("ohio-1", "run-7", "training", "USA", energy_j=7.2e6)).status_code == 200
     (job,) = client.get("/api/v1/report").json()["jobs"]
     assert job["emissions_g"] == pytest.approx(PUE * (1.0 * fra + 2.0 * usa), rel=1e-9)
     assert job["grid_intensity_g_per_kwh"] == pytest.approx((fra + 2 * usa) / 3, rel=1e-9)
     per_host = {h["host"]: h["emissions_g"] for h in job["per_host"]}
     assert per_host == {"paris-1": pytest.approx(PUE * fra), "ohio-1": pytest.approx(2 * PUE * usa)}
+
+
+def test_a_batch_names_its_region_as_agents_spell_it(client: TestClient) -> None:
+    # Agents send check_region's spelling, the one the OpenAPI document lists; another is named, not guessed.
+    r = ingest(client, host_batch("ohio-1", "run-7", "training", "usa", energy_j=7.2e6))
+    assert r.status_code == 422 and r.json()["field"] == "grid_region", r.text
+    assert "send it as 'USA'" in r.json()["error"]
 
 
 def test_collector_override_and_default_region(settings: Settings, db_engine: Engine) -> None:

@@ -19,7 +19,7 @@ from wattwatch.agent.poison import (
     Verdict,
     verdict_of,
 )
-from wattwatch.agent.push import Pusher
+from wattwatch.agent.push import BACKOFF_JITTER, Pusher
 from wattwatch.agent.spool import Spool
 from wattwatch.config import load_settings
 from wattwatch.errors import ConfigError
@@ -227,10 +227,37 @@ def test_429_and_a_wrong_url_set_nothing_aside(server: tuple[str, Scripted], tmp
     clock.t_s += 6.9
     assert pusher.push_pending() is False and script.seqs == [0]  # Retry-After: 7 s is honoured
     script.answer, script.retry_after = (lambda seq: 404), ""
-    clock.t_s += 1
+    clock.t_s = 7 * (1 + BACKOFF_JITTER)  # the longest the jitter can stretch it
     assert pusher.push_pending() is False
     assert "is --collector the collector's URL?" in pusher.stats.last_error
     assert spool.dead() == 0 and spool.pending() == 2
+
+
+def test_a_busy_collectors_503_is_waited_out_with_jitter_and_sets_nothing_aside(
+    server: tuple[str, Scripted], tmp_path: Path
+) -> None:
+    url, script = server
+    script.answer, script.retry_after = (lambda seq: 503), "4"
+    waits_s = []
+    for i in range(12):
+        spool = Spool(tmp_path / f"s{i}.db")
+        fill(spool, 2)
+        clock = FakeClock(0.0)
+        pusher = Pusher(spool, url, clock=clock, poison_after=1)
+        assert pusher.push_pending() is False
+        assert spool.dead() == 0 and spool.pending() == 2  # the collector's state, not the batch's
+        assert "HTTP 503" in pusher.stats.last_error
+        seqs = len(script.seqs)
+        clock.t_s = 3.99
+        assert pusher.push_pending() is False and len(script.seqs) == seqs  # Retry-After honoured
+        # The first moment it tries again: within [4 s, 4 s x (1 + jitter)], stepped by 10 ms.
+        while len(script.seqs) == seqs:
+            clock.t_s += 0.01
+            pusher.push_pending()
+        assert 4.0 <= clock.t_s <= 4 * (1 + BACKOFF_JITTER) + 0.01
+        waits_s.append(clock.t_s)
+    # Twelve agents told the same Retry-After come back spread out, not in the same 10 ms.
+    assert max(waits_s) - min(waits_s) > 0.2, waits_s
 
 
 def test_a_connection_dropped_after_sending_counts_like_a_5xx(server: tuple[str, Scripted], tmp_path: Path) -> None:

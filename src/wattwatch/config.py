@@ -86,7 +86,12 @@ class Settings:
     # once a new connection is answered 503 with Retry-After. Each open connection is a file descriptor.
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
-    max_connections: int = 1000
+    max_connections: int = 4096
+    # Requests the collector works on at once (collector.load); one more is answered 429 with Retry-After.
+    # Reads: about what two cores answer within a second (a report page takes tens of milliseconds).
+    # Writes: agents' batches wait for their group's commit without a thread, so many may be in flight.
+    max_reads: int = 16
+    max_writes: int = 2048
     # Agent: which processes become jobs and what the agent scrapes (wattwatch.agent.options turns these
     # into its parsed options). Untagged GPU processes are attributed to jobs unless ``discover`` is off;
     # ``proc_root`` is the host's /proc (/host/proc in a pod).
@@ -192,7 +197,9 @@ RANGES: dict[str, Range] = {
     "retention_days": Range(0.0, 36500.0, "retention is 0 (keep everything) or up to 36500 days"),
     "header_timeout_s": Range(0.1, 3600.0, "the header timeout is 0.1 to 3600 seconds (default 10)"),
     "body_timeout_s": Range(0.1, 3600.0, "the body timeout is 0.1 to 3600 seconds (default 60)"),
-    "max_connections": Range(1, 1_000_000, "the connection limit is 1 to 1000000 (default 1000)", whole=True),
+    "max_reads": Range(1, 100_000, "reads at once are 1 to 100000 (default 16)", whole=True),
+    "max_writes": Range(1, 100_000, "writes at once are 1 to 100000 (default 2048)", whole=True),
+    "max_connections": Range(1, 1_000_000, "the connection limit is 1 to 1000000 (default 4096)", whole=True),
     # Under 10 ms a fine tick is shorter than the fastest board's refresh: every interval would be an
     # estimate, at hundreds of reads a second.
     "fine_interval_s": Range(0.01, 3600.0, "the fine tick is 0 (off) or 0.01 to 3600 seconds", or_zero=True),
@@ -298,6 +305,8 @@ ENV_VARS = {
     "header_timeout_s": "WATTWATCH_HEADER_TIMEOUT",
     "body_timeout_s": "WATTWATCH_BODY_TIMEOUT",
     "max_connections": "WATTWATCH_MAX_CONNECTIONS",
+    "max_reads": "WATTWATCH_MAX_READS",
+    "max_writes": "WATTWATCH_MAX_WRITES",
     "discover": "WATTWATCH_DISCOVER",
     "proc_root": "WATTWATCH_PROC_ROOT",
     "kubelet_url": "WATTWATCH_KUBELET_URL",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import random
 import ssl
 import time
 from collections.abc import Callable
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 # that lands, few enough that a collector failing everything costs little before backing off.
 _PROBE_LIMIT = 8
 _LOUD_EVERY_S = 60.0
+# A wait before retrying is drawn from [wait, wait x (1 + this)] (see Pusher._fail).
+BACKOFF_JITTER = 0.5
 _WHY = {
     REJECTED: "the collector refused it for good",
     KEY_CONFLICT: "the collector holds its key with other content (two agents on one spool?)",
@@ -99,6 +102,7 @@ class Pusher:
         self._wall_clock = wall_clock
         self._max_backoff_s = max_backoff_s
         self._backoff_s = 0.0
+        self._rng = random.Random()
         self._not_before = 0.0
         self._loud_at: dict[str, float] = {}
         self.suspects = Suspects(poison_after, max_backoff_s)
@@ -166,6 +170,9 @@ class Pusher:
         else:
             field, error = _field_of(resp), _error_of(resp)
         verdict = verdict_of(resp.status, field)
+        if resp.status == 503 and resp.headers.get("retry-after"):
+            # A busy collector (its ingest queue full) says when to come back: about it, not the batch.
+            verdict = Verdict.BLOCKED
         if verdict is Verdict.LANDED:
             self.spool.ack(seq)
             self.suspects.forget(seq)
@@ -194,8 +201,8 @@ class Pusher:
             )
         elif status == 409 and field == "agent_id":
             self._fail(f"collector refused batch {seq}: {error}", loud="agent_id")
-        elif status == 429:
-            self._fail(f"collector asked us to slow down (HTTP 429: {error})", retry_after=retry_after)
+        elif status in (429, 503):
+            self._fail(f"collector asked us to slow down (HTTP {status}: {error})", retry_after=retry_after)
         elif status in (404, 405, 410, 415):
             self._fail(f"{self.url} answered HTTP {status} ({error}); is --collector the collector's URL?", loud="url")
         else:
@@ -263,7 +270,10 @@ class Pusher:
             log.warning("%s; batches stay spooled and will be retried", message)
         self.stats.last_error = message
         self._backoff_s = min(max(self._backoff_s * 2, 0.5), self._max_backoff_s)
-        self._not_before = now + max(self._backoff_s, _retry_after_s(retry_after, self._max_backoff_s))
+        wait_s = max(self._backoff_s, _retry_after_s(retry_after, self._max_backoff_s))
+        # Up to half as long again, at random: a fleet told the same Retry-After (or backing off from the
+        # same outage) comes back spread out, not all in the same second.
+        self._not_before = now + wait_s * self._rng.uniform(1.0, 1.0 + BACKOFF_JITTER)
 
     def close(self) -> None:
         """Close the connection to the collector."""

@@ -154,6 +154,18 @@ def lookup(region: str) -> GridIntensity | None:
     return GridIntensity(g, f"codecarbon data: {name} ({code}) {year or ''}".rstrip(), code)
 
 
+@cache
+def exact_regions() -> frozenset[str] | None:
+    """Every region a batch may name, each spelled as the agent sends it (``check_region``'s canonical form,
+    or an alpha-2 code an agent without pycountry keeps): what the collector's OpenAPI document lists. None
+    without codecarbon's data, when only a region's form can be checked."""
+    countries, clouds = country_table(), cloud_table()
+    if countries is None or clouds is None:
+        return None
+    alpha2 = {a2 for a2, a3 in _alpha2().items() if a3 in countries}
+    return frozenset({*countries, *alpha2, *clouds})
+
+
 def check_region(region: str) -> str:
     """``region`` in canonical form, refused (UnknownRegion) when malformed or, with codecarbon's data
     installed, not in it. Without the data only its form can be checked."""

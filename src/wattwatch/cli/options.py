@@ -246,7 +246,7 @@ def add_retention(p: argparse.ArgumentParser) -> None:
 
 
 def add_server_limits(p: argparse.ArgumentParser) -> None:
-    """``--header-timeout``, ``--body-timeout`` and ``--max-connections``."""
+    """``--header-timeout``, ``--body-timeout``, ``--max-connections``, ``--max-reads`` and ``--max-writes``."""
     p.add_argument(
         "--header-timeout",
         type=float,
@@ -264,6 +264,18 @@ def add_server_limits(p: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=int,
         metavar="N",
-        help="answer 503 with Retry-After beyond this many open connections (default 1000; each is a file "
+        help="answer 503 with Retry-After beyond this many open connections (default 4096; each is a file "
         "descriptor; WATTWATCH_MAX_CONNECTIONS)",
+    )
+    p.add_argument(
+        "--max-reads",
+        type=int,
+        metavar="N",
+        help="answer 429 with Retry-After beyond this many reads at once (default 16; WATTWATCH_MAX_READS)",
+    )
+    p.add_argument(
+        "--max-writes",
+        type=int,
+        metavar="N",
+        help="answer 429 with Retry-After beyond this many writes at once (default 2048; WATTWATCH_MAX_WRITES)",
     )

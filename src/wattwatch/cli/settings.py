@@ -58,6 +58,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ("header_timeout", "header_timeout_s"),
         ("body_timeout", "body_timeout_s"),
         ("max_connections", "max_connections"),
+        ("max_reads", "max_reads"),
+        ("max_writes", "max_writes"),
     ):
         if getattr(args, name, None) is not None:
             given(field, f"--{name.replace('_', '-')}", getattr(args, name))

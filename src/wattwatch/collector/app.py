@@ -32,6 +32,7 @@ from wattwatch.collector.group_commit import GroupCommitter
 from wattwatch.collector.guard import WriteGuard
 from wattwatch.collector.ingest import IngestFastPath, IngestHandler
 from wattwatch.collector.leader import MetricsLeader
+from wattwatch.collector.load import InFlightLimit
 from wattwatch.collector.metrics import build_registry
 from wattwatch.collector.retention_scheduler import RetentionScheduler
 from wattwatch.collector.routes import build_router
@@ -151,6 +152,8 @@ def create_app(
     # In front of both: a write's token and body size are checked before anything reads the body.
     app.add_middleware(WriteGuard, auth=auth, handlers=lambda: app.exception_handlers)
     app.add_middleware(InternalErrorMiddleware)
+    # Outermost: a crowd is answered 429 before any token is checked or body read (collector.load).
+    app.add_middleware(InFlightLimit, max_reads=int(settings.max_reads), max_writes=int(settings.max_writes))
     contract.install(app, OPENAPI_BODIES)
     _serve_docs(app, auth)
     return app
@@ -177,7 +180,10 @@ def _install_error_handlers(app: FastAPI, engine: Engine) -> None:
         # FastAPI's own parameter checks (e.g. limit=-1), reshaped like every other 422 here.
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0] if exc.errors() else {"loc": ("request",), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body", "header")]
+        where = list(first.get("loc", ()))
+        loc = [str(p) for p in where if p not in ("query", "path", "body", "header")]
+        if where[:1] in (["query"], ["header"]):
+            loc = loc[:1]  # a repeated parameter (label=…&label=…) is named, not numbered
         field = ".".join(loc) or "request"
         message = f"{field}: {first.get('msg', 'invalid')}"
         if first.get("type") == "string_pattern_mismatch" and field in contract.PATTERN_HINTS:

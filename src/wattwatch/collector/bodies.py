@@ -5,6 +5,8 @@ Decoded with msgspec like agent batches, so every 422 names its field the same w
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from wattwatch.protocol import wire
@@ -27,10 +29,18 @@ class QueryIn(msgspec.Struct, forbid_unknown_fields=True):
     since the path names the job."""
 
     t_start_s: wire.Epoch_s
-    t_end_s: wire.Epoch_s
+    t_end_s: wire.SpanEndEpoch_s
     tokens_in: wire.Tokens = 0
     tokens_out: wire.Tokens = 0
-    job: wire.Key | None = None
+    # The path's job, if given: the document says so in words and as ``x-equals-path`` (no JSON Schema
+    # keyword can compare a body field with a path parameter).
+    job: Annotated[
+        wire.Key | None,
+        msgspec.Meta(
+            description="the job in the path, if given at all",
+            extra_json_schema={"x-equals-path": "job_id"},
+        ),
+    ] = None
     kind: wire.SpanKind = "query"
 
     def __post_init__(self) -> None:

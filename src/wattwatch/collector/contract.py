@@ -24,8 +24,10 @@ import msgspec
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from wattwatch.carbon import grid
 from wattwatch.collector.responses import RESPONSE_BODIES
 from wattwatch.protocol import limits, wire
 from wattwatch.protocol.units import TIME_EXAMPLES, TIME_PATTERN, JobKind
@@ -74,8 +76,10 @@ NameGlob = Annotated[
         description="only jobs whose name matches this shell glob (case-sensitive), e.g. llama-*",
     ),
 ]
+# KEY=VALUE or KEY: a key is at least one character, so an empty item or one starting with "=" is refused.
+LABEL_FILTER_PATTERN = r"^[^=\x00][^\x00]*$"
 LabelFilter = Annotated[
-    list[str] | None,
+    list[Annotated[str, Field(pattern=LABEL_FILTER_PATTERN)]] | None,
     Query(description="only jobs with this label: KEY=VALUE, or KEY for any value (repeatable; all must hold)"),
 ]
 Kind = Annotated[JobKind | None, Query(description="only jobs of this kind")]
@@ -123,6 +127,7 @@ PATTERN_HINTS = {
     "job": "a job's id, a unique prefix of it, or its name: 1-200 characters, no NUL",
     "job_id": _JOB_ID_HINT,
     "cursor": "a cursor: the next_cursor of the previous page, as given",
+    "label": "KEY=VALUE or KEY (a key of at least one character, no NUL)",
 }
 
 _DESCRIPTIONS = {
@@ -131,13 +136,17 @@ _DESCRIPTIONS = {
     403: "The token's role may not do this (a reader writing, an agent reading), or an agent token "
     "writing for another host",
     404: "No such job",
-    409: "An idempotency key (agent id and seq, or Idempotency-Key) reused with other content, or an agent "
-    "id that belongs to another host",
+    405: "A job's POST-only action (`/end`, `/queries`) asked for with another method; `Allow` says POST",
+    409: "At odds with what is stored: an idempotency key (agent id and seq, or Idempotency-Key) reused with "
+    "other content, an agent id that belongs to another host, or a job's end before its recorded start",
     413: "The body is over the size limit (compressed or not)",
     415: "A Content-Encoding other than identity or gzip",
     422: "A body, parameter or header that does not fit; `field` names it",
     500: "An unexpected error; the collector's log says more",
-    503: "The database is unreachable or not migrated to this collector's revision",
+    429: "The collector is answering as many requests of this kind as it takes at once; retry after "
+    "`Retry-After` seconds",
+    503: "The database is unreachable or not migrated to this collector's revision, or (ingest) the collector "
+    "is behind and asks to retry after `Retry-After` seconds",
 }
 
 
@@ -151,20 +160,33 @@ def error(status: int) -> dict[str, Any]:
         response["headers"] = {
             "WWW-Authenticate": {"description": "always `Bearer`", "required": True, "schema": {"type": "string"}}
         }
+    elif status in (429, 503):
+        response["headers"] = {
+            "Retry-After": {
+                "description": "seconds to wait before retrying (on a busy answer)",
+                "required": status == 429,
+                "schema": {"type": "string"},
+            }
+        }
+    elif status == 405:
+        response["headers"] = {
+            "Allow": {"description": "the methods the path takes", "required": True, "schema": {"type": "string"}}
+        }
     return response
 
 
 def responses(ok: str | None, *errors: int, secured: bool = True, ok_description: str = "") -> dict[int | str, Any]:
     """A route's ``responses=``: 200 with the ``ok`` schema (a ``responses`` Struct's name; None: the
-    route states its own 200), each of ``errors``, 500, and 401/403 when the route needs a token."""
+    route states its own 200), each of ``errors``, 500, and 401/403/429 when the route needs a token."""
     out: dict[int | str, Any] = {}
     if ok is not None:
         out[200] = {
             "description": ok_description or "OK",
             "content": {"application/json": {"schema": {"$ref": REF.format(name=ok)}}},
         }
-    # Any route can fail unexpectedly (500, JSON like every error).
-    statuses = {*errors, 500, *((401, 403) if secured else ())}
+    # Any route can fail unexpectedly (500, JSON like every error); any but the health checks (the open
+    # routes) can be busy (429, collector.load).
+    statuses = {*errors, 500, *((401, 403, 429) if secured else ())}
     for status in sorted(statuses):
         out[status] = error(status)
     return out
@@ -222,6 +244,10 @@ def openapi_document(app: FastAPI, bodies: dict[str, type]) -> dict[str, Any]:
             "default": wire.WIRE_VERSION,
             "description": "the wire format's version; this collector speaks only this one",
         }
+        regions = grid.exact_regions()
+        if regions is not None:
+            # The regions codecarbon's data knows, as agents spell them: any other is refused (ingest.py).
+            schemas["Batch"]["properties"]["grid_region"]["enum"] = sorted(regions)
     doc["components"]["securitySchemes"] = {
         BEARER: {
             "type": "http",

@@ -23,17 +23,22 @@ log = logging.getLogger(__name__)
 class ApiError(Exception):
     """Answer ``status`` with ``{"error": message, "field": field}``."""
 
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
+        # A 429 or 503 the caller should retry: sent as Retry-After.
+        self.retry_after_s = retry_after_s
 
 
 def error_response(exc: ApiError) -> JSONResponse:
-    """``exc`` as its JSON answer; a 401 says which scheme to use (``WWW-Authenticate: Bearer``)."""
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status, headers=headers)
+    """``exc`` as its JSON answer; a 401 says which scheme to use (``WWW-Authenticate: Bearer``), a busy
+    answer when to come back (``Retry-After``)."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(exc.retry_after_s)
+    return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status, headers=headers or None)
 
 
 async def answer_with_handler(handlers: Handlers, exc: Exception, scope: Scope, receive: Receive, send: Send) -> bool:

@@ -36,6 +36,14 @@ MAX_GROUP_INTERVALS = 40_000
 # PostgreSQL's deadlock_detected and serialization_failure: another collector won; the group is retried.
 RETRY_SQLSTATES = frozenset({"40P01", "40001"})
 RETRIES = 3
+# Batches waiting for a writer at most: a queue beyond it is a database that cannot keep up, and each
+# waiting batch is held in memory. Over it a batch is refused (QueueFull: 503 with Retry-After) and the
+# agent, which keeps it spooled, sends it again after the wait.
+MAX_QUEUED_BATCHES = 2048
+
+
+class QueueFull(Exception):
+    """The ingest queue holds ``MAX_QUEUED_BATCHES``: the batch was not queued."""
 
 
 @dataclass
@@ -55,6 +63,7 @@ class GroupCommitter:
         # while the first commits.
         self._writers = writers if writers is not None else (2 if engine.dialect.name == "postgresql" else 1)
         self._queue: deque[_Request] = deque()
+        self.max_queued = MAX_QUEUED_BATCHES
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._stopping = False
@@ -92,6 +101,8 @@ class GroupCommitter:
         with self._cond:
             if not self._threads:
                 self._start()
+            if len(self._queue) >= self.max_queued:
+                raise QueueFull(f"{len(self._queue)} batches are waiting for the database")
             self._queue.append(request)
             self._cond.notify()
 

@@ -23,6 +23,7 @@ from wattwatch.carbon import grid
 from wattwatch.collector.auth import Authenticator, Principal, principal_of
 from wattwatch.collector.context import Context
 from wattwatch.collector.errors import ApiError, Handlers, answer_with_handler
+from wattwatch.collector.group_commit import QueueFull
 from wattwatch.protocol import limits, wire
 from wattwatch.storage import repository
 from wattwatch.storage.group_ingest import Pending
@@ -74,6 +75,9 @@ class IngestHandler:
         except (repository.AgentIdTaken, repository.KeyReused) as exc:
             ctx.ingest.errors.inc()
             raise conflict(exc) from None
+        except QueueFull as exc:
+            # The agent keeps the batch spooled and sends it again after Retry-After (with jitter).
+            raise ApiError(503, f"the collector is behind ({exc}); retry after Retry-After seconds", None, 1) from None
         if result.duplicate:
             ctx.ingest.duplicates.inc()
         else:
@@ -106,10 +110,15 @@ class IngestHandler:
         who.require_write(batch.host, "host")
         if not isinstance(batch.grid_region, msgspec.UnsetType):
             try:
-                grid.check_region(batch.grid_region)
+                canonical = grid.check_region(batch.grid_region)
             except grid.UnknownRegion as exc:
                 ctx.ingest.errors.inc()
                 raise ApiError(422, str(exc), "grid_region") from None
+            exact = grid.exact_regions()
+            if exact is not None and batch.grid_region not in exact:
+                # Agents send the canonical spelling; the document lists exactly those (contract.py).
+                ctx.ingest.errors.inc()
+                raise ApiError(422, f"grid region {batch.grid_region!r}: send it as {canonical!r}", "grid_region")
         try:
             limits.check_batch_times(batch, ctx.clock(), self._window)  # a 422 naming the field: app.py
         except limits.BoundError:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wattwatch.carbon import policy as carbon_policy
 from wattwatch.collector import contract
@@ -29,6 +30,8 @@ from wattwatch.storage.job_refs import AmbiguousJob
 from wattwatch.storage.reads import resolve_job
 
 T = TypeVar("T")
+# The last path segments of job routes that only POST serves.
+POST_ONLY_ACTIONS = ("end", "queries")
 JobId = contract.JobId
 # Job ids may hold "/" (a wire Key: agents name Kubernetes jobs "ns/name"), so routes take the id as a
 # ``path``: /api/v1/jobs/ns/name/end ends job "ns/name". The document still says ``{job_id}``.
@@ -176,7 +179,7 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
     @router.post(
         "/api/v1/jobs/{job_id:path}/end",
         openapi_extra=_body("JobEnd", required=False),
-        responses=contract.responses("JobEntry", 404, 422, 503),
+        responses=contract.responses("JobEntry", 404, 409, 422, 503),
         response_model=None,
         tags=["jobs"],
     )
@@ -191,6 +194,10 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
             repository.end_job(ctx.engine, job_id, end.ended_at_s if end.ended_at_s is not None else ctx.clock())
         except repository.UnknownJob as exc:
             raise ApiError(404, str(exc), "job_id") from None
+        except repository.EndsBeforeStart as exc:
+            # A fine time in itself, at odds with the start the job already has: a conflict with what is
+            # stored (409), as the document states, not a body outside its schema (422).
+            raise ApiError(409, exc.message, exc.field) from None
         return _job_or_404(ctx, job_id, carbon)
 
     @router.post(
@@ -270,13 +277,21 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
     @router.get(
         "/api/v1/jobs/{job_id:path}",
         dependencies=guarded,
-        responses=contract.responses("JobEntry", 404, 422, 503),
+        responses=contract.responses("JobEntry", 404, 405, 422, 503),
         response_model=None,
         tags=["jobs"],
     )
     def get_job(job_id: JobId) -> dict[str, Any]:
         """One job's report entry."""
-        return _job_or_404(ctx, job_id, carbon)
+        job = repository.get_job(ctx.engine, job_id, now_s=ctx.clock(), **carbon)
+        if job is None:
+            # The id is a path, so GET /jobs/x/end lands here: with no job "x/end", it names the POST-only
+            # action of job "x", and the answer is the 405 its method deserves, not a 404 for the id.
+            head, _, action = job_id.rpartition("/")
+            if head and action in POST_ONLY_ACTIONS:
+                raise StarletteHTTPException(405)
+            raise ApiError(404, f"no job {job_id!r}", "job_id")
+        return job
 
     @router.get(
         "/api/v1/report",

@@ -52,7 +52,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
-    max_connections: int = 1000
+    max_connections: int = 4096
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -116,3 +116,36 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
             "max_connections": max_connections,
         },
     )
+
+
+# Descriptors kept for what is not a client connection: the database pool, log files, the agents' socket.
+RESERVED_FDS = 256
+
+
+def connection_limit(wanted: int) -> int:
+    """The connection limit to serve with: ``wanted``, after raising the process's soft open-file limit
+    towards its hard one to hold that many sockets; less (with a warning) where the hard limit is lower, so
+    the server answers 503 instead of failing ``accept`` with EMFILE."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + RESERVED_FDS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        fitted = max(1, soft - RESERVED_FDS)
+        log.warning(
+            "--max-connections %d needs %d open files but this process may open %d: serving at most %d "
+            "connections; raise `ulimit -n` for more",
+            wanted,
+            needed,
+            soft,
+            fitted,
+        )
+        return fitted
+    return wanted

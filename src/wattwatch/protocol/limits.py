@@ -16,6 +16,9 @@ Why each bound is where it is:
   data enters, within a window around now (``TimeWindow``: 30 days back, 1 day ahead by default; the
   collector's ``--time-window-past`` / ``--time-window-future``). A span from 1970 is a client's bug, and
   taking it would cost every pass that walks the job's time line.
+- A span (query, step, epoch) lasts at most ``MAX_SPAN_S`` (7 days): the span-energy pass looks back
+  over a kind's longest span when it starts a job afresh, so one span of a month would make that cost
+  a month of the job's spans and ticks.
 - Labels are a small dictionary of short strings: at most ``MAX_LABELS`` of them.
 
 Imports nothing of wattwatch's: ``wire`` builds its msgspec types from these constants.
@@ -75,19 +78,26 @@ DEFAULT_PAST_S = 30 * 86400.0
 DEFAULT_FUTURE_S = 86400.0
 # A job's start may lie further back than the window: a training run of months sends its start with its end.
 MAX_JOB_AGE_S = 400 * 86400.0
+# The longest span (query, step or epoch; count windows are the agent's own and not bounded by it). The
+# span-energy pass, starting a job's window afresh (late data, a restart), reads every span of the kind
+# that began up to the kind's longest span before it, and ticks from the earliest in flight: a 30-day
+# span made that a month of rows per window. A week covers any epoch or request worth one record; a
+# longer phase is several spans.
+MAX_SPAN_S = 7 * 86400.0
 
 # --- report pages (GET /api/v1/report, `wattwatch report`) ----------------------------------------------
 REPORT_DEFAULT_LIMIT = 1000
 REPORT_MAX_LIMIT = 10_000
 # With neither a window nor one job asked for, a report covers this (and says so), never all history.
 REPORT_DEFAULT_SINCE = "7d"
-# What storage.reads.encode_cursor writes: base64url without padding.
-CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,600}$"
+# What storage.reads.encode_cursor writes: the page's last start time as float.hex(), "~", and its job id.
+# Exact: every string it admits is a position (an unknown job id included), so none is refused once admitted.
+CURSOR_PATTERN = r"^-?0x[01]\.[0-9a-f]{0,13}p[+-][0-9]{1,3}~[A-Za-z0-9_.:@/-]{1,200}$"
 
 # --- why something was refused (the agent's wattwatch_agent_refused_total{reason}) ---------------------
 REASON_TIME = "timestamp"  # not finite, not Unix seconds, or outside the time window
 REASON_ORDER = "end_before_start"
-REASON_RANGE = "out_of_range"  # a count, energy, power or weight beyond its bound
+REASON_RANGE = "out_of_range"  # a count, energy, power, weight or span length beyond its bound
 REASON_STRING = "string"  # too long, empty, or holding a NUL
 REASON_LABELS = "labels"
 REASON_MALFORMED = "malformed"  # missing, of the wrong type, or not one of the allowed values

@@ -54,11 +54,14 @@ def iso_utc(t_s: float | None) -> str | None:
 # inf, nan, signs or blanks. Nine digits of weeks reach 17 million years. The collector's ``since`` and
 # ``until`` parameters use these patterns too (collector.contract), so the CLI and the API agree.
 DURATION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?[smhdwSMHDW]?$"
-# An ISO 8601 date, or date and time (UTC unless it has an offset).
-DATE_PATTERN = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
-    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?$"
-)
+# An ISO 8601 date, or date and time (UTC unless it has an offset), that is a real one: the pattern holds
+# each month's days and the leap years, so every string it admits parses (the OpenAPI document states it,
+# and a value it admits must not be refused).
+_YEAR = r"(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
+_MONTH_DAY = r"((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+_LEAP_DAY = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][48]|[13579][26]|[2468]0)00)-02-29"
+_CLOCK = r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?"
+DATE_PATTERN = f"^({_YEAR}-{_MONTH_DAY}|{_LEAP_DAY}){_CLOCK}$"
 # ``--since`` / ``--until`` / ``since=`` / ``until=``: how far back from now, or a date.
 TIME_PATTERN = f"({DURATION_PATTERN})|({DATE_PATTERN})"
 _DURATION_RE = re.compile(DURATION_PATTERN)
@@ -94,19 +97,22 @@ def parse_time_s(text: str, now_s: float) -> float:
             if when.tzinfo is None:
                 when = when.replace(tzinfo=UTC)
             t_s = when.timestamp()
-        except (ValueError, OverflowError):  # 2026-02-30, or year 1 less an offset
+        except OverflowError:  # year 1 less an offset, or 9999-12-31 plus one: before or after any instant
+            t_s = _EARLIEST_S if when.year == 1 else _LATEST_S
+        except ValueError:  # what the pattern admits parses; kept for a caller that skips it
             raise ValueError(f"{text!r} is not a real date; use {TIME_EXAMPLES}") from None
     else:
         if raw.startswith("-") and _DURATION_RE.match(raw[1:]):
             raise ValueError(f"{text!r}: negative durations are invalid; give how far back as a positive one")
+        if re.match(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}", raw):
+            raise ValueError(f"{text!r} is not a real date; use {TIME_EXAMPLES}")
         if not _DURATION_RE.match(raw):
             raise ValueError(f"{text!r} is not {TIME_EXAMPLES}")
         t_s = now_s - parse_duration_s(raw)
-    # Reports print these instants as dates (and round the idle window out to whole hours): keep them a day
-    # inside what a date can show, or the answer would fail where the question was accepted.
-    if not _EARLIEST_S <= t_s <= _LATEST_S:
-        raise ValueError(f"{text!r} is out of range: give an instant between 0001-01-02 and 9999-12-30")
-    return t_s
+    # Reports print these instants as dates (and round the idle window out to whole hours): kept a day inside
+    # what a date can show, or the answer would fail where the question was accepted. Clamped, not refused:
+    # "since 300000 years ago" asks for everything, as "since 0001-01-02" does.
+    return min(max(t_s, _EARLIEST_S), _LATEST_S)
 
 
 _EARLIEST_S = datetime(1, 1, 2, tzinfo=UTC).timestamp()

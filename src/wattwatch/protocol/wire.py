@@ -14,7 +14,7 @@ import gzip
 import math
 import operator
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -41,6 +41,31 @@ Epoch_s = Annotated[
     float,
     msgspec.Meta(ge=limits.MIN_EPOCH_S, le=limits.MAX_EPOCH_S, description="Unix seconds (not milliseconds)"),
 ]
+# A time no earlier than its record's start. JSON Schema cannot compare two fields, so the OpenAPI document
+# states the rule in words and as ``x-not-before`` (the contract test generates its cases by it).
+EndEpoch_s = Annotated[
+    Epoch_s,
+    msgspec.Meta(
+        description="Unix seconds (not milliseconds), not earlier than t_start_s",
+        extra_json_schema={"x-not-before": "t_start_s"},
+    ),
+]
+# A span's end: no earlier than its start, and at most ``limits.MAX_SPAN_S`` after it (``x-lasts-at-most-s``).
+SpanEndEpoch_s = Annotated[
+    Epoch_s,
+    msgspec.Meta(
+        description=f"Unix seconds (not milliseconds), not earlier than t_start_s nor more than "
+        f"{limits.MAX_SPAN_S:g} s after it",
+        extra_json_schema={"x-not-before": "t_start_s", "x-lasts-at-most-s": limits.MAX_SPAN_S},
+    ),
+]
+JobEndEpoch_s = Annotated[
+    Epoch_s,
+    msgspec.Meta(
+        description="Unix seconds (not milliseconds), not earlier than started_at_s",
+        extra_json_schema={"x-not-before": "started_at_s"},
+    ),
+]
 Int32 = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_INT32)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_COUNT)]
 Tokens = Annotated[int, msgspec.Meta(ge=0, le=limits.MAX_TOKENS)]
@@ -54,7 +79,13 @@ Key = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS
 # interval's device and job ids repeat in every interval, and the per-string regex was half of decoding
 # a batch (Python's re, called by msgspec). An Interval decoded outside a Batch does not check it.
 KeyRef = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, description=f"matching {KEY_PATTERN}")
+    str,
+    msgspec.Meta(min_length=1, max_length=limits.MAX_NAME_CHARS, extra_json_schema={"pattern": KEY_PATTERN}),
+]
+# An interval's device: one of its batch's devices, a rule the document states as ``x-listed-in``.
+DeviceRef = Annotated[
+    KeyRef,
+    msgspec.Meta(description="the key of one of the batch's devices", extra_json_schema={"x-listed-in": "devices"}),
 ]
 _key_re = re.compile(KEY_PATTERN)
 _DEVICE = operator.attrgetter("device")
@@ -96,9 +127,9 @@ class Interval(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     the whole interval is idle. ``flags`` records anything unusual (``counter_reset``).
     """
 
-    device: KeyRef
+    device: DeviceRef
     t_start_s: Epoch_s
-    t_end_s: Epoch_s
+    t_end_s: EndEpoch_s
     energy_j: Energy_j
     source: Source
     shares: Annotated[dict[KeyRef, Weight], msgspec.Meta(max_length=limits.MAX_SHARES)] = {}
@@ -128,7 +159,7 @@ class Job(msgspec.Struct, forbid_unknown_fields=True):
     name: Name
     kind: JobKind = "other"
     started_at_s: Epoch_s = 0.0
-    ended_at_s: Epoch_s | None = None
+    ended_at_s: JobEndEpoch_s | None = None
     devices: DeviceKeys = []
     labels: Labels = {}
     pid: Int32 | None = None
@@ -145,7 +176,7 @@ class Query(msgspec.Struct, forbid_unknown_fields=True):
 
     job: Key
     t_start_s: Epoch_s
-    t_end_s: Epoch_s
+    t_end_s: SpanEndEpoch_s
     tokens_in: Tokens = 0
     tokens_out: Tokens = 0
     kind: SpanKind = "query"
@@ -161,7 +192,7 @@ class QueryCount(msgspec.Struct, forbid_unknown_fields=True):
 
     job: Key
     t_start_s: Epoch_s
-    t_end_s: Epoch_s
+    t_end_s: EndEpoch_s
     queries: Count
     tokens_in: Tokens = 0
     tokens_out: Tokens = 0
@@ -238,7 +269,15 @@ WireError = limits.BoundError
 def decode_as(body: bytes, typ: type[T]) -> T:
     """Decode JSON ``body`` as ``typ``, turning msgspec's errors into a ``WireError`` with the field path."""
     try:
-        return msgspec.json.decode(body, type=typ)
+        try:
+            return msgspec.json.decode(body, type=typ)
+        except msgspec.ValidationError as exc:
+            # JSON has one number type: 1575.0 is the integer 1575 to JSON Schema (and so to the OpenAPI
+            # document), while msgspec's strict decoding refuses it. Retried on this error only, so the fast
+            # path stays one C call; a fraction (1575.5) or a string is still refused.
+            if not _WHOLE_NUMBER_REFUSED.search(str(exc)):
+                raise
+            return msgspec.convert(_whole_floats_as_ints(msgspec.json.decode(body)), type=typ)
     except msgspec.ValidationError as exc:
         field, message = _split_msgspec_error(str(exc))
         reason = _reason(field, message)
@@ -247,6 +286,20 @@ def decode_as(body: bytes, typ: type[T]) -> T:
         raise WireError(field, message, reason) from None
     except msgspec.DecodeError as exc:
         raise WireError("body", f"not valid JSON: {exc}") from None
+
+
+_WHOLE_NUMBER_REFUSED = re.compile(r"Expected `int[^`]*`, got `float`")
+
+
+def _whole_floats_as_ints(value: Any) -> Any:
+    """``value`` (decoded JSON) with every float that is a whole number as an int."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list):
+        return [_whole_floats_as_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole_floats_as_ints(v) for k, v in value.items()}
+    return value
 
 
 def _split_msgspec_error(text: str) -> tuple[str, str]:

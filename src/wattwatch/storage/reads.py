@@ -9,11 +9,8 @@ of a job and show them with it; ``get_job`` of a phase's own id still answers (w
 
 from __future__ import annotations
 
-import base64
-import binascii
 import fnmatch
-import json
-import math
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,12 +19,15 @@ from sqlalchemy import Engine, Select, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from wattwatch.carbon.policy import CarbonPolicy
+from wattwatch.protocol.limits import CURSOR_PATTERN
 from wattwatch.protocol.units import JOB_KINDS, iso_utc
 from wattwatch.reporting.group import totals
 from wattwatch.storage.idle import idle_bounds, read_idle
 from wattwatch.storage.job_entries import Intensities, job_entries, policy_of, snapshot
 from wattwatch.storage.job_refs import resolve_job_ref
 from wattwatch.storage.tables import hosts, job_hosts, jobs
+
+_CURSOR = re.compile(CURSOR_PATTERN)
 
 DEFAULT_LIST_LIMIT = 100
 
@@ -80,24 +80,18 @@ class BadCursor(ValueError):
 
 
 def encode_cursor(started_at_s: float, job_id: str) -> str:
-    """The opaque ``cursor`` of a report page that ends with this job (start time and id, base64url)."""
-    raw = json.dumps([started_at_s, job_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    """The ``cursor`` of a report page that ends with this job: its start time, exactly (``float.hex``), and
+    its id (``limits.CURSOR_PATTERN``)."""
+    return f"{float(started_at_s).hex()}~{job_id}"
 
 
 def decode_cursor(cursor: str) -> tuple[float, str]:
-    """``encode_cursor``'s (start time, job id); BadCursor for anything it did not write."""
-    try:
-        value = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        started_at_s, job_id = value
-        if not isinstance(job_id, str) or isinstance(started_at_s, bool):
-            raise TypeError
-        started_at_s = float(started_at_s)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise BadCursor(f"{cursor[:40]!r} is not a cursor this collector gave; use next_cursor as given") from None
-    if not math.isfinite(started_at_s):
-        raise BadCursor("the cursor's start time is not a number; use next_cursor as given")
-    return started_at_s, job_id
+    """``encode_cursor``'s (start time, job id); BadCursor for a string outside ``limits.CURSOR_PATTERN``."""
+    if not _CURSOR.fullmatch(cursor):
+        raise BadCursor(f"{cursor[:40]!r} is not a cursor this collector gave; use next_cursor as given")
+    time_hex, _, job_id = cursor.partition("~")
+    # The pattern's exponent of at most three digits keeps every admitted time finite (below 2**1000).
+    return float.fromhex(time_hex), job_id
 
 
 def resolve_job(engine: Engine, ref: str) -> str | None:

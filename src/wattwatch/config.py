@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from wattwatch import redact
 from wattwatch.errors import ConfigError
 from wattwatch.protocol import limits
 
@@ -112,6 +113,12 @@ class Settings:
     fine_tick_hold_s: float = 5.0
     # A batch failing with 5xx (or no answer) this many times while later batches land is set aside.
     poison_after: int = 5
+
+    def __repr__(self) -> str:
+        # The dataclass's own form, less what must never be printed: the token (repr=False) and any
+        # credential inside a URL (db_url, collector_url, report_server, kubelet_url, scrape).
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact.text(f"Settings({shown})")
 
     def __post_init__(self) -> None:
         # The one check of every numeric setting, however the Settings was made (load_settings has already

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from wattwatch import redact
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 
@@ -232,7 +233,7 @@ class Collector:
             http=server.protocol_class(
                 header_timeout_s=settings.header_timeout_s,
                 body_timeout_s=settings.body_timeout_s,
-                max_connections=int(settings.max_connections),
+                max_connections=server.connection_limit(int(settings.max_connections)),
             ),
             # The client address stays the TCP peer's: X-Forwarded-For never makes a caller look local.
             proxy_headers=False,
@@ -290,6 +291,7 @@ def run_up(
     settings = replace(settings, tls_cert="", tls_key="")
     # The local agent's own credential: it works once tokens exist, and never switches authentication on.
     local_token = settings.token or secrets.token_urlsafe(32)
+    redact.remember(local_token)
     # Open to anonymous callers on this machine (the quickstart's `wattwatch report`), until a token exists.
     collector = Collector(settings, migrate=True, allow_open=allow_open, open_local=True, local_token=local_token)
     collector.start()
@@ -303,7 +305,7 @@ def run_up(
         raise
     gpus = [d for d in agent.sampler.devices.values() if d.kind == "gpu"]
     sources = sorted({f"{d.key}" for d in agent.sampler.devices.values()})
-    announce(f"wattwatch up: collector on {collector.url} (database {_mask(settings.resolved_db_url)})")
+    announce(f"wattwatch up: collector on {collector.url} (database {redact.url(settings.resolved_db_url)})")
     announce(
         "wattwatch up: --open: requests from this machine need no token until one exists "
         "(`wattwatch token create` closes it for good)"
@@ -375,7 +377,7 @@ def run_collector(
     )
     collector.start()
     what = f"worker {worker_index} of " if worker else ""
-    announce(f"wattwatch collector: {what}{collector.url} (database {_mask(settings.resolved_db_url)})")
+    announce(f"wattwatch collector: {what}{collector.url} (database {redact.url(settings.resolved_db_url)})")
     if open_local and not worker_index:
         announce("wattwatch collector: --open: requests from this machine need no token until one exists")
     try:
@@ -453,7 +455,7 @@ def run_agent(
     parts.agent.start()
     announce(
         f"wattwatch agent: measuring {', '.join(parts.agent.sampler.devices) or 'nothing'}; "
-        f"pushing to {settings.collector_url}; socket {settings.socket_path}"
+        f"pushing to {redact.url(settings.collector_url)}; socket {settings.socket_path}"
     )
     if _flaws_note(parts.fleet):
         announce(f"wattwatch agent: simulated GPUs{_flaws_note(parts.fleet)}")
@@ -481,16 +483,8 @@ def _say(prefix: str) -> Callable[[str], None]:
     import sys
 
     def say(line: str) -> None:
-        sys.stderr.write(f"{prefix}: {line}\n")
+        # Banners and stop messages name URLs: shown without their credentials, like every log line.
+        sys.stderr.write(f"{prefix}: {redact.text(line)}\n")
         sys.stderr.flush()
 
     return say
-
-
-def _mask(url: str) -> str:
-    """Hide a password in a database URL."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in creds:
-        return url
-    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from wattwatch import redact
 from wattwatch.agent.poison import (
     DEFAULT_POISON_AFTER,
     KEY_CONFLICT,
@@ -92,6 +93,8 @@ class Pusher:
     ) -> None:
         self.spool = spool
         self.url = collector_url.rstrip("/") + "/api/v1/ingest"
+        # What messages, the spool's set-aside records and doctor show: no userinfo password.
+        self.shown_url = redact.url(self.url)
         headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -163,7 +166,11 @@ class Pusher:
             return Verdict.TRANSIENT
         except Unreachable as exc:
             reason = untrusted_certificate(exc)
-            self._fail(untrusted_message(self.url, reason) if reason else f"collector {self.url} unreachable: {exc}")
+            self._fail(
+                untrusted_message(self.shown_url, reason)
+                if reason
+                else f"collector {self.shown_url} unreachable: {redact.text(str(exc))}"
+            )
             return Verdict.BLOCKED
         if 200 <= resp.status < 300:  # the usual answer: its body says nothing the verdict needs
             field = error = ""
@@ -204,7 +211,9 @@ class Pusher:
         elif status in (429, 503):
             self._fail(f"collector asked us to slow down (HTTP {status}: {error})", retry_after=retry_after)
         elif status in (404, 405, 410, 415):
-            self._fail(f"{self.url} answered HTTP {status} ({error}); is --collector the collector's URL?", loud="url")
+            self._fail(
+                f"{self.shown_url} answered HTTP {status} ({error}); is --collector the collector's URL?", loud="url"
+            )
         else:
             self._fail(f"collector answered HTTP {status}: {error}")
 
@@ -225,7 +234,7 @@ class Pusher:
 
     def _set_aside(self, seq: int, reason: str) -> None:
         """Move ``seq`` aside with its reason; say so once, at ERROR, with how to retry it."""
-        record = reason_record(reason, self.suspects.tries(seq), collector_url=self.url, now_s=self._wall_clock())
+        record = reason_record(reason, self.suspects.tries(seq), collector_url=self.shown_url, now_s=self._wall_clock())
         self.suspects.forget(seq)
         if not self.spool.set_aside(seq, record):
             return  # requeued or set aside by someone else meanwhile

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from wattwatch import redact
 from wattwatch.agent.outbox import Outbox
 from wattwatch.agent.push import Pusher
 from wattwatch.agent.spool import Spool, disk_full
@@ -107,7 +108,7 @@ class PushCadence:
         started = time.monotonic()
         told = started
         if left > 1:
-            tell(f"pushing the {left} batches left in the spool to {self.collector_url}")
+            tell(f"pushing the {left} batches left in the spool to {redact.url(self.collector_url)}")
         while left and time.monotonic() - started < timeout_s and not (give_up and give_up.is_set()):
             took = self._writing(lambda: self.pusher.push_pending(force=True))
             if took is None:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from wattwatch import redact
 from wattwatch.cli import options
 from wattwatch.cli.errors import UsageError
 from wattwatch.config import Settings
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     report_group.shape(report)
     print()
     print(render(report, "table", width=table_render.width_for(sys.stdout), color=table_render.wants_color(sys.stdout)))
-    print(f"\nThe data stays in {settings.resolved_db_url}; see it again with `{_report_command(args)}`.")
+    print(f"\nThe data stays in {redact.url(settings.resolved_db_url)}; see it again with `{_report_command(args)}`.")
     return 0
 
 

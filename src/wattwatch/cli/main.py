@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from wattwatch import __version__
+from wattwatch import __version__, redact
 from wattwatch.cli import (
     agent,
     collector,
@@ -101,10 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ["WATTWATCH_HOME"] = str(Path(args.home).expanduser())
         return int(COMMANDS[args.command].run(args, settings_from(args)))
     except (UsageError, WattwatchError) as exc:
-        sys.stderr.write(f"wattwatch {args.command}: error: {exc}\n")
+        sys.stderr.write(f"wattwatch {args.command}: error: {redact.text(str(exc))}\n")
         return 2
     except RuntimeFailure as exc:
-        sys.stderr.write(f"wattwatch {args.command}: error: {exc}\n")
+        sys.stderr.write(f"wattwatch {args.command}: error: {redact.text(str(exc))}\n")
         return 1
     except KeyboardInterrupt:
         return 130
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import logging
 
         logging.getLogger("wattwatch").debug("unexpected error", exc_info=True)
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        first = redact.text((str(exc).strip().splitlines() or [""])[0][:300])
         sys.stderr.write(
             f"wattwatch {args.command}: error: unexpected {type(exc).__name__}: {first}; rerun with "
             "--log-level debug for details and report it\n"
@@ -128,7 +128,10 @@ def _configure_logging(args: argparse.Namespace) -> None:
     level = logging.DEBUG if args.verbose else (logging.INFO if args.command in SERVICES else logging.WARNING)
     if args.log_level:
         level = getattr(logging, args.log_level.upper())
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, stream=sys.stderr)
+    # Every line through one formatter that masks URL credentials and this process's tokens.
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(redact.RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for noisy in ("apscheduler", "httpx", "httpcore", "uvicorn", "alembic"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if level <= logging.DEBUG else max(level, logging.WARNING))
 

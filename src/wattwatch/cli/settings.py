@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from wattwatch import redact
 from wattwatch.cli.errors import UsageError
 from wattwatch.config import Settings, load_settings, parse_listen, resolve_token
 from wattwatch.errors import ConfigError
@@ -98,7 +99,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
                 raise UsageError(f"--grid-region: {exc}") from None
             raise ConfigError(f"{exc} (WATTWATCH_GRID_REGION or grid_region in the config file)") from None
         settings = dataclasses.replace(settings, grid_region=region)
-    return resolve_token(settings) if args.command in _TOKEN_COMMANDS else settings
+    if args.command not in _TOKEN_COMMANDS:
+        return settings
+    settings = resolve_token(settings)
+    redact.remember(settings.token)  # masked in every log line from now on
+    return settings
 
 
 def _identity_changes(args: argparse.Namespace) -> dict[str, str]:

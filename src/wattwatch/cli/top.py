@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from wattwatch import redact
 from wattwatch.cli.errors import RuntimeFailure, UsageError
 from wattwatch.cli.render.table import cells, cut
 from wattwatch.config import Settings
@@ -140,7 +141,7 @@ def render(live: Mapping[str, Any], *, server: str, interval_s: float | None = N
     at_s = float(live.get("at_s") or time.time())
     clock = datetime.fromtimestamp(at_s, UTC).strftime("%H:%M:%S UTC")
     every = f"every {interval_s:g} s, Ctrl-C quits" if interval_s else "one frame"
-    lines = [f"wattwatch top  {server}  {clock}  ({every})"]
+    lines = [f"wattwatch top  {redact.url(server)}  {clock}  ({every})"]
     if live.get("error"):
         lines.append(f"! {live['error']} (figures below are from the last answer)")
     jobs = {j["id"]: j for j in live.get("jobs") or []}

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from wattwatch import redact
 from wattwatch.errors import StorageError
 from wattwatch.storage.revisions import current_revision_of, head_revision, known_revisions
 
@@ -48,12 +49,8 @@ def normalize_url(url: str) -> URL:
 
 
 def display_url(url: str | URL) -> str:
-    """The URL as it may appear in logs and error messages: password masked."""
-    try:
-        parsed = make_url(url) if isinstance(url, str) else url
-    except ArgumentError:
-        return str(url)
-    return parsed.render_as_string(hide_password=True)
+    """The URL as it may appear in logs and error messages: its password and secret parameters masked."""
+    return redact.url(url if isinstance(url, str) else url.render_as_string(hide_password=False))
 
 
 def sqlite_path(url: str | URL) -> Path | None:

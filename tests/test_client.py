@@ -211,6 +211,65 @@ def test_a_redirect_from_https_to_http_never_carries_the_token(
             assert len(secure.seen) == 2
 
 
+@contextmanager
+def connect_proxy() -> Iterator[tuple[str, list[bytes]]]:
+    """An HTTPS_PROXY: answers CONNECT host:port and then relays bytes both ways; yields its URL and every
+    byte it saw from the client (the CONNECT request, then the tunnel's), for searching."""
+    seen: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    stopping = threading.Event()
+
+    def pipe(src: socket.socket, dst: socket.socket, record: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if record:
+                    seen.append(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            seen.append(head)
+            host, _, port = head.split(b" ", 2)[1].decode().rpartition(":")
+            upstream = socket.create_connection((host, int(port)))
+            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            threading.Thread(target=pipe, args=(conn, upstream, True), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, conn, False), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", seen
+    finally:
+        stopping.set()
+        thread.join()
+        listener.close()
+
+
+def test_a_proxy_never_sees_the_token_of_an_https_request(no_proxy_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    server_tls, trusting = _tls_pair(tmp_path)
+    with Server(ok, server_tls) as secure, connect_proxy() as (proxy_url, seen):
+        no_proxy_env.setenv("HTTPS_PROXY", proxy_url)
+        no_proxy_env.setenv("HTTP_PROXY", proxy_url)
+        assert client.get(f"{secure.url}/fine", token="s3cret-token", timeout_s=10, verify=trusting).status == 200
+        # It went through the proxy, as a tunnel: the proxy saw CONNECT and ciphertext, never the token.
+        assert seen and seen[0].startswith(f"CONNECT 127.0.0.1:{urlsplit(secure.url).port} ".encode())
+        assert secure.seen and secure.seen[0][1] == "Bearer s3cret-token"
+        relayed = b"".join(seen)
+        assert b"s3cret-token" not in relayed and b"Authorization" not in relayed
+
+
 def test_the_host_header_never_carries_url_credentials(no_proxy_env: pytest.MonkeyPatch) -> None:
     hosts: list[str] = []
 

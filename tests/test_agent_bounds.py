@@ -80,14 +80,16 @@ def test_the_socket_drops_a_bad_span_alone_counts_it_and_the_batch_lands(
         {"job": "chat", "t_start_s": now - 1, "t_end_s": now, "tokens_in": 2**31},
         {"job": "chat", "t_start_s": now, "t_end_s": now - 1},
         {"job": "chat", "t_start_s": now - 40 * 86400, "t_end_s": now},
+        {"job": "chat", "t_start_s": now - 8 * 86400, "t_end_s": now},  # in the window, longer than a span may be
     ]
     reply = client.request({"op": "queries", "spans": [good[0], *bad, good[1]]})
-    assert (reply["ok"], reply["accepted"], reply["rejected"]) == (False, 2, 4)
+    assert (reply["ok"], reply["accepted"], reply["rejected"]) == (False, 2, 5)
     assert "spans[1].t_start_s" in reply["error"] and "not milliseconds" in reply["error"]
     assert "spans[2].tokens_in" in reply["error"] and "spans[3].t_end_s" in reply["error"]
+    assert "spans[5].t_end_s" in reply["error"] and "at most 7 d" in reply["error"]
     one = client.request({"op": "query", "job": "chat", "t_start_s": 1.5, "t_end_s": 2.0})
     assert (one["ok"], one["field"], one["reason"]) == (False, "t_start_s", "timestamp")
-    expected = {"timestamp": 3.0, "out_of_range": 1.0, "end_before_start": 1.0}
+    expected = {"timestamp": 3.0, "out_of_range": 2.0, "end_before_start": 1.0}
     assert refused_metric(agent) == {reason: expected.get(reason, 0.0) for reason in limits.REASONS}
     agent.stop(flush_timeout_s=0.2)
     assert set(push_all(spooled(agent), db_engine, tmp_path)) == {200}

@@ -277,6 +277,7 @@ def test_migration_0008_fills_device_totals_from_rollups(db_url: str) -> None:
             conn.execute(text("DROP INDEX ix_jobs_id_stem"))  # 0011
             conn.execute(text("DROP TABLE idle_energy_days"))  # 0012
             conn.execute(text("DROP TABLE unmeasured_spans"))  # 0013
+            conn.execute(text("ALTER TABLE span_stats DROP COLUMN carry"))  # 0014
             conn.execute(text("UPDATE alembic_version SET version_num = '0007'"))
             conn.execute(text("INSERT INTO hosts (id, name, first_seen_s, last_seen_s) VALUES (1, 'h', 0, 0)"))
             conn.execute(text("INSERT INTO devices (id, host_id, key, kind, \"index\") VALUES (1, 1, 'g', 'gpu', 0)"))
@@ -387,6 +388,7 @@ def test_migration_0012_fills_idle_days_from_the_hours(stored: tuple[TestClient,
         with engine.begin() as conn:
             conn.execute(text("DROP TABLE idle_energy_days"))
             conn.execute(text("DROP TABLE unmeasured_spans"))  # 0013, which follows
+            conn.execute(text("ALTER TABLE span_stats DROP COLUMN carry"))  # 0014
             conn.execute(text("UPDATE alembic_version SET version_num = '0011'"))
         migrate.upgrade(db_url)
         got = idle_days_stored(engine)

@@ -8,15 +8,25 @@ call ``run_once`` directly instead of waiting for the timer.
 
 Every collector replica runs its own scheduler; the pass itself is safe to run concurrently
 (per-job advisory locks, idempotent recomputation), so replicas share the work.
+
+Each timed pass runs at most ``PASS_BUDGET_S`` (checked before every window, and a window holds at most
+``chunk_s`` of one job's data), so a backlog never holds a core for long: a pass that leaves work
+behind is followed by another after a pause as long as itself, until the backlog is gone. ``stop``
+sets a flag the pass checks with its budget, so shutdown waits for one window at most, then gives the
+final pass ``FINAL_PASS_BUDGET_S``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from apscheduler.schedulers import SchedulerNotRunningError
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -25,9 +35,11 @@ from wattwatch.storage.span_energy import DEFAULT_SETTLE_S, PassResult, compute_
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 10.0
-# The pass at shutdown stops after this long: `wattwatch up` waits 10 s for its collector thread, and
-# whatever is left over is computed by the next collector to start.
-FINAL_PASS_BUDGET_S = 5.0
+# One timed pass works this long at most: the pass shares a core (and SQLite's write lock) with ingest.
+PASS_BUDGET_S = 1.0
+# The pass at shutdown stops after this long: a collector told to stop (SIGTERM, `wattwatch up` ending)
+# should be gone within a few seconds, and whatever is left over the next collector to start computes.
+FINAL_PASS_BUDGET_S = 1.0
 
 
 class SpanEnergyScheduler:
@@ -50,14 +62,18 @@ class SpanEnergyScheduler:
         self._scheduler: Any = None
         # run_once may be called from a route or a test while the timer thread runs one too.
         self._lock = threading.Lock()
+        # Set by stop: a timed pass in progress ends at its next window.
+        self._stopping = threading.Event()
 
     @property
     def running(self) -> bool:
         """Whether the timer is started."""
         return self._scheduler is not None
 
-    def run_once(self, *, settle_s: float | None = None, budget_s: float | None = None) -> PassResult:
-        """One pass now, to completion unless ``budget_s`` says otherwise.
+    def run_once(
+        self, *, settle_s: float | None = None, budget_s: float | None = None, stoppable: bool = False
+    ) -> PassResult:
+        """One pass now, to completion unless ``budget_s`` says otherwise (or, if ``stoppable``, ``stop``).
 
         ``settle_s`` overrides the configured delay (0 computes everything received so far).
         """
@@ -67,18 +83,32 @@ class SpanEnergyScheduler:
                 now_s=self.clock(),
                 settle_s=self.settle_s if settle_s is None else settle_s,
                 budget_s=budget_s,
+                stop=self._stopping.is_set if stoppable else None,
             )
 
     def _timed_pass(self) -> None:
+        started = time.monotonic()
         try:
-            # A pass that runs longer than its interval hands the rest to the next one.
-            result = self.run_once(budget_s=self.interval_s)
+            # A pass that runs past its budget hands the rest to the next one.
+            result = self.run_once(budget_s=PASS_BUDGET_S, stoppable=True)
         except SQLAlchemyError as exc:
             # The database is down or unmigrated; /readyz says so. Try again at the next tick.
             log.warning("span-energy pass failed: %s", exc)
             return
         if result.windows:
             log.debug("span-energy pass: %s", result)
+        scheduler = self._scheduler
+        if not result.complete and scheduler is not None and not self._stopping.is_set():
+            # A backlog: go on after a pause as long as the pass (half a core at most), not an interval later.
+            pause_s = max(time.monotonic() - started, 0.05)
+            with contextlib.suppress(SchedulerNotRunningError):  # stopping meanwhile
+                scheduler.add_job(
+                    self._timed_pass,
+                    "date",
+                    run_date=datetime.now(UTC) + timedelta(seconds=pause_s),
+                    id="span-energy-more",
+                    replace_existing=True,
+                )
 
     def start(self) -> None:
         """Start the timer (no-op when disabled or already started)."""
@@ -101,7 +131,9 @@ class SpanEnergyScheduler:
         scheduler.add_job(self._timed_pass, id="span-energy-first")
 
     def stop(self, *, final_pass: bool = True) -> None:
-        """Stop the timer (waiting for a pass in progress), then compute what is left unless told not to."""
+        """Stop the timer (a pass in progress ends at its next window), then compute for at most
+        ``FINAL_PASS_BUDGET_S`` what is left, unless told not to."""
+        self._stopping.set()
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:
             scheduler.shutdown(wait=True)
@@ -110,3 +142,4 @@ class SpanEnergyScheduler:
                 self.run_once(settle_s=0.0, budget_s=FINAL_PASS_BUDGET_S)
             except SQLAlchemyError as exc:
                 log.warning("final span-energy pass failed: %s", exc)
+        self._stopping.clear()  # a later start runs passes again

@@ -202,8 +202,22 @@ _START = operator.attrgetter("t_start_s")
 _END = operator.attrgetter("t_end_s")
 
 
-def check_span_times(spans: Any, now_s: float, window: TimeWindow, prefix: str = "queries") -> None:
-    """Every span (anything with ``t_start_s`` and ``t_end_s``) of ``spans`` lies in the window."""
+def check_span_length(field: str, t_start_s: float, t_end_s: float, max_span_s: float = MAX_SPAN_S) -> None:
+    """BoundError naming ``field`` (the span's end) if the span lasts longer than ``max_span_s``."""
+    if t_end_s - t_start_s > max_span_s:
+        raise BoundError(
+            field,
+            f"the span lasts {_duration(t_end_s - t_start_s)} ({t_end_s - t_start_s:g} s); a span lasts at most "
+            f"{_duration(max_span_s)} ({max_span_s:g} s): send a longer phase as several spans",
+            REASON_RANGE,
+        )
+
+
+def check_span_times(
+    spans: Any, now_s: float, window: TimeWindow, prefix: str = "queries", max_span_s: float | None = MAX_SPAN_S
+) -> None:
+    """Every span (anything with ``t_start_s`` and ``t_end_s``) of ``spans`` lies in the window and, unless
+    ``max_span_s`` is None (intervals, count windows), lasts at most ``max_span_s``."""
     if spans:
         # The usual case, all in the window, told by the extremes (min and max run in C: a Python loop over
         # every span was a twentieth of the collector's CPU per stored interval); the same comparisons as
@@ -211,22 +225,25 @@ def check_span_times(spans: Any, now_s: float, window: TimeWindow, prefix: str =
         low_s, high_s = now_s - window.past_s, now_s + window.future_s
         starts, ends = list(map(_START, spans)), list(map(_END, spans))
         # (A NaN makes a comparison false: the loop then decides, as before.)
-        if low_s <= min(starts) and max(starts) <= high_s and low_s <= min(ends) and max(ends) <= high_s:
+        in_window = low_s <= min(starts) and max(starts) <= high_s and low_s <= min(ends) and max(ends) <= high_s
+        if in_window and (max_span_s is None or max(map(operator.sub, ends, starts)) <= max_span_s):
             return
     for i, span in enumerate(spans):
         _check_range(f"{prefix}[{i}].", span.t_start_s, span.t_end_s, now_s, window)
+        if max_span_s is not None:
+            check_span_length(f"{prefix}[{i}].t_end_s", span.t_start_s, span.t_end_s, max_span_s)
 
 
 def check_batch_times(batch: wire.Batch, now_s: float, window: TimeWindow) -> None:
-    """Every time in an agent batch lies in the window around ``now_s``; BoundError names the first that
-    does not. ``sent_at_s`` 0 means "not said"."""
+    """Every time in an agent batch lies in the window around ``now_s`` and no span lasts longer than
+    ``MAX_SPAN_S``; BoundError names the first that does not. ``sent_at_s`` 0 means "not said"."""
     if batch.sent_at_s != 0.0:
         window.check("sent_at_s", batch.sent_at_s, now_s)
-    check_span_times(batch.intervals, now_s, window, "intervals")
+    check_span_times(batch.intervals, now_s, window, "intervals", None)
     for i, job in enumerate(batch.jobs):
         check_job_times(job, now_s, window, f"jobs[{i}].")
     check_span_times(batch.queries, now_s, window, "queries")
-    check_span_times(batch.query_counts, now_s, window, "query_counts")
+    check_span_times(batch.query_counts, now_s, window, "query_counts", None)
 
 
 def check_count(field: str, value: Any, maximum: int = MAX_TOKENS) -> int:
@@ -255,7 +272,8 @@ def check_span(
     window: TimeWindow = DEFAULT_WINDOW,
 ) -> tuple[float, float, int, int]:
     """One span's values, checked as the collector will check them: Unix seconds in the window, an end not
-    before the start, token counts in range. Returns them normalised; raises BoundError naming the field.
+    before the start and at most ``MAX_SPAN_S`` after it, token counts in range. Returns them normalised;
+    raises BoundError naming the field.
 
     Cheap: the SDK calls it on the workload's thread for every span, so a span of plain floats and ints
     within every bound passes one chained comparison (the checks below say the same, and name the field).
@@ -266,6 +284,7 @@ def check_span(
         and type(tokens_in) is int
         and type(tokens_out) is int
         and MIN_EPOCH_S <= t_start_s <= t_end_s <= MAX_EPOCH_S
+        and t_end_s - t_start_s <= MAX_SPAN_S
         and now_s - window.past_s <= t_start_s
         and t_end_s <= now_s + window.future_s
         and 0 <= tokens_in <= MAX_TOKENS
@@ -278,6 +297,7 @@ def check_span(
         raise BoundError("t_end_s", f"{end!r} is before t_start_s {start!r}", REASON_ORDER)
     window.check("t_start_s", start, now_s)
     window.check("t_end_s", end, now_s)
+    check_span_length("t_end_s", start, end)
     return start, end, check_count("tokens_in", tokens_in), check_count("tokens_out", tokens_out)
 
 

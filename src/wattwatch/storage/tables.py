@@ -297,6 +297,10 @@ span_stats = Table(
     Column("p95_j", Float, nullable=True),
     Column("computed_to_s", Float, nullable=True),  # end of the last window computed
     Column("computed_at_s", Float, nullable=True),  # when (collector clock)
+    # Where the pass's walk stands (storage.span_energy._Carry): the minute the last window reached and
+    # the energy each span in flight there got before it, so the next window need not restart at a long
+    # span's start (migration 0014). Null: the next window looks back for spans in flight.
+    Column("carry", JSON, nullable=True),
 )
 
 # Waiting energy per job, kind and minute: a recomputed window replaces its minutes wholesale.

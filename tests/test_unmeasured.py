@@ -11,6 +11,7 @@ import time
 
 from sqlalchemy import Engine
 
+from wattwatch.cli.run import summary_line
 from wattwatch.protocol import wire
 from wattwatch.reporting.render import render
 from wattwatch.storage.reads import build_report, get_job
@@ -93,3 +94,11 @@ def test_the_table_says_not_measured_and_csv_carries_it(db_engine: Engine) -> No
     assert "not measured" in render(report, "markdown")
     rows = {r["name"]: r for r in csv.DictReader(io.StringIO(render(report, "csv")))}
     assert [float(rows[f"job-{j}"]["unmeasured_s"]) for j in "abc"] == [35.0, 20.0, 0.0]
+
+
+def test_the_run_summary_says_how_much_was_not_measured(db_engine: Engine) -> None:
+    fill(db_engine)
+    jobs = {j["name"]: j for j in build_report(db_engine)["jobs"]}
+    # gpu0 70 s and half of cpu0 over 90 s at 200 W: 23 kJ over its 100 s, 35 s of which not measured.
+    assert "23 kJ in 1m40s (35 s of it not measured), avg 230 W" in summary_line(jobs["job-a"])
+    assert "not measured" not in summary_line(jobs["job-c"])

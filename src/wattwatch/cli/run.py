@@ -173,11 +173,16 @@ def _settled(job: dict[str, Any]) -> bool:
 
 
 def summary_line(job: dict[str, Any]) -> str:
-    """One line: the job's energy, duration, average power and per-query / per-step energy where known."""
+    """One line: the job's energy, duration (and the seconds of it not measured), average power and
+    per-query / per-step energy where known."""
+    from wattwatch.reporting.figures import figure
     from wattwatch.reporting.render import format_duration, format_energy
 
     short = job.get("short_id") or job["id"]
     parts = [f"{format_energy(job.get('energy_j'))} in {format_duration(job.get('duration_s'))}"]
+    if job.get("unmeasured_s"):
+        # Its energy is that of the rest: an agent's full disk or an outage left this time unmeasured.
+        parts[0] += f" ({figure(job['unmeasured_s'])} s of it not measured)"
     if job.get("avg_power_w") is not None:
         parts.append(f"avg {job['avg_power_w']:.0f} W")
     if job.get("energy_per_query_j") is not None:

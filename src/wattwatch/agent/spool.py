@@ -16,6 +16,9 @@ A batch the collector refuses for good (``agent.poison``) moves to the ``dead`` 
 reason, in one transaction: kept in the same file, never retried, never deleted, until ``requeue``
 (``wattwatch spool requeue``) moves it back. Another process (``wattwatch spool``, ``wattwatch doctor``)
 may open the file while the agent runs: SQLite's locks keep each move whole.
+
+A write on a full disk rolls back whole and raises SQLite's own error ("database or disk is full"), which
+``disk_full`` tells from any other; the outbox keeps what it was writing in memory (``agent.outbox``).
 """
 
 from __future__ import annotations

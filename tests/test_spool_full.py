@@ -381,3 +381,22 @@ def test_an_acknowledgement_that_cannot_be_written_is_said_once_and_the_batch_go
     said = [r for r in caplog.records if "spool" in r.getMessage() and r.name.startswith("wattwatch.agent")]
     assert [r.levelno for r in said] == [logging.WARNING, logging.INFO], [r.getMessage() for r in said]
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_a_spool_write_on_a_full_disk_rolls_back_whole_and_raises_sqlites_own_error(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / SPOOL_FILE)
+    disk = Disk(spool)
+    disk.fill()
+    for write in (
+        lambda: spool.seal(None, lambda seq: b"x" * 5000, created_s=1.0),
+        lambda: spool.stage_new(lambda seq: (b"x" * 5000, 1.0)),
+        lambda: spool.put(0, b"x" * 5000, 1.0),
+    ):
+        with pytest.raises(sqlite3.OperationalError) as raised:
+            write()
+        # SQLite rolled the transaction back itself: the error is its own, not "no transaction is active".
+        assert disk_full(raised.value) and "disk is full" in str(raised.value)
+    disk.free()
+    assert spool.pending() == 0 and spool.staged() == {}
+    assert spool.seal(None, lambda seq: b"y", created_s=1.0) == 0  # no seq was used up by the failed writes
+    spool.close()

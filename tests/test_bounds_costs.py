@@ -26,7 +26,7 @@ from wattwatch.storage.tables import queries, span_stats
 
 class CallCounter:
     """A ``monotonic`` for the pass that advances one "second" per call: its ``budget_s`` then counts the
-    pass's turns (one per window), so a pass that walked millions of windows would stop, not hang."""
+    pass's turns (a few calls per window), so a pass that walked millions of windows would stop, not hang."""
 
     def __init__(self) -> None:
         self.calls = 0

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from sqlalchemy import Engine, func, select
 
@@ -266,6 +269,104 @@ def test_a_pass_in_progress_ends_at_its_next_window_when_told_to_stop(db_engine:
         assert conn.execute(select(func.count()).select_from(span_dirty)).scalar_one() > 0
     rest = span_energy.compute_span_energy(db_engine, now_s=T0 + DAY_S + 100, settle_s=0.0)
     assert rest.complete and rest.windows > 100
+
+
+def _out_of_order_long_spans(seed: int) -> tuple[list[wire.Batch], list[wire.Query], float]:
+    """Four hours of a training job: 5 s ticks, overlapping epochs of 30-90 minutes and steps of 5-25 s,
+    in batches shuffled so that ticks and spans arrive late, before and after passes. Returns the batches,
+    the spans and the end."""
+    rng = random.Random(seed)
+    end_s = T0 + 4 * 3600.0
+    devices = [wire.Device(key="gpu0", kind="gpu", index=0)]
+    job = wire.Job(id="train", name="ft", kind="training", started_at_s=T0)
+    ivs = []
+    t_s = T0
+    while t_s < end_s:
+        step_s = rng.choice([5.0, 5.0, 2.5])
+        ivs.append(
+            wire.Interval(
+                device="gpu0",
+                t_start_s=t_s,
+                t_end_s=t_s + step_s,
+                energy_j=rng.uniform(100.0, 700.0) * step_s,
+                source="counter",
+                shares={"train": 1.0},
+            )
+        )
+        t_s += step_s
+    spans = []
+    t_s = T0 - 30.0  # an epoch starting before the first tick
+    while t_s < end_s:
+        spans.append(wire.Query("train", t_s, t_s + rng.uniform(1800.0, 5400.0), kind="epoch"))
+        t_s += rng.uniform(600.0, 2400.0)
+    t_s = T0
+    while t_s < end_s + 60.0:
+        length_s = rng.uniform(5.0, 25.0)
+        spans.append(wire.Query("train", t_s, t_s + length_s, kind="step"))
+        t_s += length_s + rng.choice([0.0, 0.0, 7.0])
+    batches = [
+        wire.Batch(agent_id="a1", seq=0, host="h1", devices=devices, intervals=ivs[k : k + 200], jobs=[job])
+        for k in range(0, len(ivs), 200)
+    ]
+    shuffled = spans[:]
+    rng.shuffle(shuffled)
+    batches += [
+        wire.Batch(agent_id="a1", seq=0, host="h1", devices=devices, queries=shuffled[k : k + 40])
+        for k in range(0, len(shuffled), 40)
+    ]
+    rng.shuffle(batches)
+    return [msgspec.structs.replace(b, seq=i + 1) for i, b in enumerate(batches)], spans, end_s
+
+
+@pytest.mark.parametrize("replicas", [0, 2])
+def test_long_spans_arriving_in_any_order_get_the_one_pass_energies(db_engine: Engine, replicas: int) -> None:
+    batches, spans, end_s = _out_of_order_long_spans(seed=7 + replicas)
+    rng = random.Random(replicas)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def replica(seed: int) -> None:
+        r = random.Random(seed)
+        try:
+            while not done.is_set():
+                span_energy.compute_span_energy(
+                    db_engine, now_s=r.uniform(T0, end_s + 100), settle_s=0.0, chunk_s=r.choice([600.0, 130.0])
+                )
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replica, args=(k,)) for k in range(replicas)]
+    for t in threads:
+        t.start()
+    try:
+        for i, b in enumerate(batches):
+            repository.ingest_batch(db_engine, b, received_at_s=T0)
+            if i % 4 == 3:
+                # Passes at any horizon, cut short by a budget: late data lands behind and inside carried walks.
+                span_energy.compute_span_energy(
+                    db_engine,
+                    now_s=rng.uniform(T0, end_s + 100),
+                    settle_s=0.0,
+                    chunk_s=rng.choice([600.0, 130.0, 47.0]),
+                    budget_s=rng.choice([None, 0.05]),
+                )
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert not errors, errors
+    last_s = max(s.t_end_s for s in spans)  # epochs run past the last tick
+    assert span_energy.compute_span_energy(db_engine, now_s=last_s + 100, settle_s=0.0).complete
+    for kind in ("epoch", "step"):
+        got, want = stored_j(db_engine, "train", kind), truth_j(db_engine, "train", spans, kind)
+        assert None not in got and len(got) == len(want)
+        ordered = sorted(zip((s.t_start_s for s in spans if s.kind == kind), want, strict=True))
+        with db_engine.connect() as conn:
+            c = queries.c
+            stored = sorted(tuple(r) for r in conn.execute(select(c.t_start_s, c.energy_j).where(c.kind == kind)))
+        for (start_s, want_j), (start2_s, got_j) in zip(ordered, stored, strict=True):
+            assert start_s == start2_s
+            assert math.isclose(got_j, want_j, rel_tol=1e-9, abs_tol=1e-6), (kind, start_s, got_j, want_j)
 
 
 # --- shutdown ------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from wattwatch import redact
+from wattwatch import redact, vital
 from wattwatch.config import Settings
 from wattwatch.errors import ConfigError
 
@@ -288,6 +288,7 @@ def run_up(
     ``options`` as for ``build_agent``. Plain HTTP: the agent talks to its collector over loopback."""
     stop = StopFlag()
     stop.install()
+    vital.DEATHS.install(stop.event)
     settings = replace(settings, tls_cert="", tls_key="")
     # The local agent's own credential: it works once tokens exist, and never switches authentication on.
     local_token = settings.token or secrets.token_urlsafe(32)
@@ -340,6 +341,7 @@ def run_up(
         announce("wattwatch up: stopping; pushing the last measurements")
         agent.stop(say=_say("wattwatch up"), give_up=stop.again)
         collector.stop()
+    vital.DEATHS.finish()
 
 
 def run_collector(
@@ -363,6 +365,7 @@ def run_collector(
     """
     stop = StopFlag()
     stop.install()
+    vital.DEATHS.install(stop.event)
     if workers > 1 and worker_index is None:
         _supervise(settings, migrate=migrate, allow_open=allow_open, workers=workers, argv=argv, stop=stop)
         return
@@ -384,6 +387,7 @@ def run_collector(
         stop.event.wait()
     finally:
         collector.stop()
+    vital.DEATHS.finish()
 
 
 def _supervise(
@@ -451,6 +455,7 @@ def run_agent(
     """The per-host sidecar until SIGINT/SIGTERM; ``options`` as for ``build_agent``."""
     stop = StopFlag()
     stop.install()
+    vital.DEATHS.install(stop.event)
     parts = build_agent(settings, simulate=simulate, options=options, flaws=flaws)
     parts.agent.start()
     announce(
@@ -476,6 +481,7 @@ def run_agent(
         if parts.agent.spool.pending():
             announce("wattwatch agent: stopping; pushing what the spool holds (Ctrl-C again: keep it for next start)")
         parts.agent.stop(say=_say("wattwatch agent"), give_up=stop.again)
+    vital.DEATHS.finish()
 
 
 def _say(prefix: str) -> Callable[[str], None]:

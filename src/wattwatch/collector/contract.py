@@ -199,6 +199,13 @@ PROMETHEUS_TEXT: dict[int | str, Any] = {
     }
 }
 
+DEAD_THREAD: dict[int | str, Any] = {
+    503: {
+        "description": "A worker thread died: the process is stopping (`dead_threads` names them)",
+        "content": {"application/json": {"schema": {"$ref": REF.format(name="Health")}}},
+    }
+}
+
 READINESS: dict[int | str, Any] = {
     200: {
         "description": "Ready",

@@ -211,10 +211,12 @@ class Report(msgspec.Struct):
     carbon: Annotated[CarbonSummary, msgspec.Meta(description="intensity per host, its source, PUE, price, totals")]
 
 
-class Health(msgspec.Struct):
-    """``GET /healthz``: the process answers."""
+class Health(msgspec.Struct, omit_defaults=True):
+    """``GET /healthz``: the process answers; ``ok`` false (503) when a worker thread died, named in
+    ``dead_threads``."""
 
-    ok: Literal[True]
+    ok: bool
+    dead_threads: list[str] = []
 
 
 class Readiness(msgspec.Struct, omit_defaults=True):

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from wattwatch import vital
 from wattwatch.carbon import policy as carbon_policy
 from wattwatch.collector import contract
 from wattwatch.collector.auth import Authenticator, Principal, principal_of
@@ -377,11 +378,18 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
         return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
 
     @router.get(
-        "/healthz", responses=contract.responses("Health", secured=False), response_model=None, tags=["operations"]
+        "/healthz",
+        responses={**contract.responses("Health", secured=False), **contract.DEAD_THREAD},
+        response_model=None,
+        tags=["operations"],
     )
-    async def healthz() -> dict[str, bool]:
-        """The process is alive (says nothing about the database)."""
-        return {"ok": True}
+    async def healthz() -> JSONResponse:
+        """The process is alive with every worker thread (says nothing about the database); 503 naming the
+        threads that died, while the process stops."""
+        dead = vital.DEATHS.dead
+        if dead:
+            return JSONResponse({"ok": False, "dead_threads": dead}, status_code=503)
+        return JSONResponse({"ok": True})
 
     @router.get(
         "/readyz",

@@ -229,6 +229,40 @@ def test_a_sealed_batch_leaves_out_the_agents_own_bad_records_alone(tmp_path: Pa
     assert push_all(bodies, db_engine, tmp_path) == [200]
 
 
+def test_a_staged_span_over_the_maximum_is_left_out_alone_when_the_batch_is_sealed(
+    tmp_path: Path, db_engine: Engine
+) -> None:
+    """A part staged before the agent stopped (by a version that took any length) keeps its other records."""
+    from wattwatch.agent.outbox import Outbox
+    from wattwatch.agent.requests import Refusals
+
+    now = time.time()
+    refusals = Refusals()
+    spool = Spool(tmp_path / "spool.db")
+    devices = [wire.Device(key="gpu0", kind="gpu")]
+    part = {
+        "agent_id": "a1",
+        "seq": 1,
+        "host": "h1",
+        "sent_at_s": now,
+        "devices": [msgspec.to_builtins(d) for d in devices],
+        "intervals": [msgspec.to_builtins(wire.Interval("gpu0", now - 2, now - 1, 300.0, "counter"))],
+        "queries": [
+            {"job": "chat", "t_start_s": now - 8 * 86400, "t_end_s": now - 1, "kind": "epoch"},
+            {"job": "chat", "t_start_s": now - 2, "t_end_s": now - 1},
+        ],
+    }
+    spool.stage(1, json.dumps(part).encode(), created_s=now)
+    outbox = Outbox(spool, "a1", "h1", lambda: devices, time.time, refused=refusals.add)
+    assert outbox.recover() == [1]
+    bodies = [body for _, body in spool.peek()]
+    spool.close()
+    sealed = wire.decode_batch(bodies[0])
+    assert [(q.t_start_s, q.kind) for q in sealed.queries] == [(now - 2, "query")] and len(sealed.intervals) == 1
+    assert refusals.counts() == {"out_of_range": 1}
+    assert push_all(bodies, db_engine, tmp_path) == [200]
+
+
 @pytest.mark.parametrize(
     "job_id", ["train-1", "train-1\n", "ns/name:1@x", "a b", "x" * 200, "x" * 201, "\ntrain", "tr\nain", "é"]
 )

@@ -84,14 +84,17 @@ def test_a_30_day_span_is_a_422_naming_its_end_and_a_6_day_span_is_taken(db_url:
         assert (r.status_code, r.json()["field"]) == (422, "queries[1].t_end_s"), r.text
         assert "at most 7 d" in r.json()["error"], r.text
         # The direct route refuses the whole post; so does a batch (the agent's path) with that span.
-        spans = [wire.Query("ft", now - 60, now - 50), wire.Query("ft", now - 30 * DAY_S - 10, now - 10, kind="epoch")]
-        bad = wire.Batch(agent_id="a1", seq=1, host="h1", sent_at_s=now, queries=spans)
-        r = client.post("/api/v1/ingest", content=wire.encode(bad), headers={"Content-Type": "application/json"})
+        spans = [{"job": "ft", **ok}, {"job": "ft", **month}]
+        bad = {"agent_id": "a1", "seq": 1, "host": "h1", "sent_at_s": now, "queries": spans}
+        r = client.post("/api/v1/ingest", json=bad)
         assert (r.status_code, r.json()["field"]) == (422, "queries[1].t_end_s"), r.text
+        assert "at most 7 d" in r.json()["error"], r.text
         week = {"t_start_s": now - 6 * DAY_S - 10, "t_end_s": now - 10, "kind": "epoch"}
         r = client.post("/api/v1/jobs/ft/queries", json={"queries": [ok, week], "host": "h1"})
         assert (r.status_code, r.json()) == (200, {"accepted": 2}), r.text
-        good = wire.Batch(agent_id="a1", seq=1, host="h1", sent_at_s=now, queries=[spans[0]])
+        good = wire.Batch(
+            agent_id="a1", seq=1, host="h1", sent_at_s=now, queries=[wire.Query("ft", now - 60, now - 50)]
+        )
         r = client.post("/api/v1/ingest", content=wire.encode(good), headers={"Content-Type": "application/json"})
         assert r.status_code == 200, r.text
     engine = make_engine(db_url)

@@ -202,15 +202,22 @@ _START = operator.attrgetter("t_start_s")
 _END = operator.attrgetter("t_end_s")
 
 
+SPAN_TOO_LONG = "a span lasts at most"  # in every message about a span's length (wire tells its reason by it)
+
+
+def span_too_long(t_start_s: float, t_end_s: float, max_span_s: float = MAX_SPAN_S) -> str:
+    """What to say of a span from ``t_start_s`` to ``t_end_s``, longer than ``max_span_s``."""
+    length_s = t_end_s - t_start_s
+    return (
+        f"the span lasts {length_s / 86400:.2f} days ({length_s:.0f} s); {SPAN_TOO_LONG} "
+        f"{_duration(max_span_s)} ({max_span_s:g} s): send a longer phase as several spans"
+    )
+
+
 def check_span_length(field: str, t_start_s: float, t_end_s: float, max_span_s: float = MAX_SPAN_S) -> None:
     """BoundError naming ``field`` (the span's end) if the span lasts longer than ``max_span_s``."""
     if t_end_s - t_start_s > max_span_s:
-        raise BoundError(
-            field,
-            f"the span lasts {_duration(t_end_s - t_start_s)} ({t_end_s - t_start_s:g} s); a span lasts at most "
-            f"{_duration(max_span_s)} ({max_span_s:g} s): send a longer phase as several spans",
-            REASON_RANGE,
-        )
+        raise BoundError(field, span_too_long(t_start_s, t_end_s, max_span_s), REASON_RANGE)
 
 
 def check_span_times(

@@ -89,6 +89,8 @@ DeviceRef = Annotated[
 ]
 _key_re = re.compile(KEY_PATTERN)
 _DEVICE = operator.attrgetter("device")
+_START = operator.attrgetter("t_start_s")
+_END = operator.attrgetter("t_end_s")
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_LABEL_KEY_CHARS, pattern=limits.NO_NUL)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=limits.MAX_LABEL_VALUE_CHARS, pattern=limits.NO_NUL)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=limits.MAX_LABELS)]
@@ -233,6 +235,15 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
                     if not _key_re.match(iv.device):  # what msgspec said of it before KeyRef: the same reason
                         raise ValueError(f"@intervals[{i}].device: Expected `str` matching regex {KEY_PATTERN!r}")
                     raise ValueError(f"@intervals[{i}].device: {iv.device!r} is not listed in devices")
+        # A span longer than limits.MAX_SPAN_S is refused by decoding (not only by the collector's later
+        # checks), so that an agent sealing a batch leaves it out alone, as it does every record decoding
+        # refuses. Told by the longest (in C), then named.
+        if self.queries:
+            starts, ends = list(map(_START, self.queries)), list(map(_END, self.queries))
+            if max(map(operator.sub, ends, starts)) > limits.MAX_SPAN_S:
+                for i, q in enumerate(self.queries):
+                    if q.t_end_s - q.t_start_s > limits.MAX_SPAN_S:
+                        raise ValueError(f"@queries[{i}].t_end_s: {limits.span_too_long(q.t_start_s, q.t_end_s)}")
         job_ids: set[str] = set()
         for iv in self.intervals:
             job_ids.update(iv.shares)
@@ -329,6 +340,8 @@ def _reason(field: str, message: str) -> str:
     """Which of ``limits.REASONS`` a msgspec error is (what the agent counts its own refusals by)."""
     if "must not be earlier" in message:
         return limits.REASON_ORDER
+    if limits.SPAN_TOO_LONG in message:
+        return limits.REASON_RANGE
     bounded = "<=" in message or ">=" in message
     if bounded and field.endswith("_s"):
         return limits.REASON_TIME

@@ -4,12 +4,12 @@ Revision ID: 0014
 Revises: 0013
 Create Date: 2026-12-06
 
-A window of the span-energy pass settles the spans wholly inside it; one in flight at its end used to
-make the next window start again at that span's start, so a span of days was walked over and over
-(a window per 10 minutes, each from the span's start: quadratic in its length). ``span_stats.carry``
+A window of the span-energy pass settles the spans wholly inside it. Without a carry, one in flight at
+its end makes the next window start again at that span's start, so a span of days is walked over and
+over (a window per 10 minutes, each from the span's start: quadratic in its length). ``span_stats.carry``
 holds, per job and kind, the minute the last window reached and the energy each span in flight there
-got before it (``storage.span_energy``), and the next window starts from there. Null (every row before
-this revision) makes the next window start as before.
+got before it (``storage.span_energy``), and the next window starts from there. Null (every row at the
+upgrade) makes the next window look back for spans in flight.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ MAX_JOB_AGE_S = 400 * 86400.0
 # The longest span (query, step or epoch; count windows are the agent's own and not bounded by it). The
 # span-energy pass, starting a job's window afresh (late data, a restart), reads every span of the kind
 # that began up to the kind's longest span before it, and ticks from the earliest in flight: a 30-day
-# span made that a month of rows per window. A week covers any epoch or request worth one record; a
+# span would make that a month of rows per window. A week covers any epoch or request worth one record; a
 # longer phase is several spans.
 MAX_SPAN_S = 7 * 86400.0
 

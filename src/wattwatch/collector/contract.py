@@ -138,7 +138,8 @@ _DESCRIPTIONS = {
     404: "No such job",
     405: "A job's POST-only action (`/end`, `/queries`) asked for with another method; `Allow` says POST",
     409: "At odds with what is stored: an idempotency key (agent id and seq, or Idempotency-Key) reused with "
-    "other content, an agent id that belongs to another host, or a job's end before its recorded start",
+    "other content, an agent id that belongs to another host, a job's end before its recorded start, or a "
+    "job reference that several stored jobs answer to",
     413: "The body is over the size limit (compressed or not)",
     415: "A Content-Encoding other than identity or gzip",
     422: "A body, parameter or header that does not fit; `field` names it",

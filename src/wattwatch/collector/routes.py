@@ -297,7 +297,7 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
     @router.get(
         "/api/v1/report",
         dependencies=guarded,
-        responses=contract.responses("Report", 422, 503),
+        responses=contract.responses("Report", 409, 422, 503),
         response_model=None,
         tags=["reports"],
     )
@@ -315,7 +315,7 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
         """The report of DESIGN.md: ``{"jobs": [...], "idle": [...]}``, with the filters applied, one page
         at a time (``limit``; ``cursor``: the ``next_cursor`` of the page before).
 
-        ``job`` takes a job's id, a unique prefix of it or its name (422 listing the candidates when it
+        ``job`` takes a job's id, a unique prefix of it or its name (409 listing the candidates when it
         names several); ``since``/``until`` a duration back from now or a date; ``name`` a shell glob;
         ``label`` (repeatable) ``KEY=VALUE`` or ``KEY``; ``host`` a host name. With none of ``since``,
         ``until`` and ``job`` it covers the last 7 days (``window`` says which window applied), so a report
@@ -325,7 +325,8 @@ def build_router(ctx: Context, auth: Authenticator, ingest_handler: IngestHandle
             try:
                 job_id = resolve_job(ctx.engine, job) or job
             except AmbiguousJob as exc:
-                raise ApiError(422, str(exc), "job") from None
+                # A well-formed reference that several stored jobs answer to: at odds with what is stored.
+                raise ApiError(409, str(exc), "job") from None
         default = not since and not until and not job
         since = contract.REPORT_DEFAULT_SINCE if default else (since or None)
         since_s = _since_s(ctx, since)

@@ -136,10 +136,10 @@ def _send_body(
 
 
 @pytest.fixture
-def guarded_collector(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
+def guarded_collector(db_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
     home = tmp_path / "home"
-    token = run(["token", "create", "--db", sqlite_url, "--role", "agent", "--host", "h1"], env_for(home))
-    proc, url = start_collector(sqlite_url, home)
+    token = run(["token", "create", "--db", db_url, "--role", "agent", "--host", "h1"], env_for(home))
+    proc, url = start_collector(db_url, home)
     try:
         yield proc, url, token.stdout.strip()
     finally:
@@ -166,7 +166,7 @@ def test_an_oversized_or_chunked_body_is_refused_413(guarded_collector: tuple[su
 
 @pytest.mark.slow
 def test_a_flood_of_unauthenticated_bodies_is_never_read(
-    guarded_collector: tuple[subprocess.Popen[str], str, str], sqlite_url: str
+    guarded_collector: tuple[subprocess.Popen[str], str, str], db_url: str
 ) -> None:
     proc, url, token = guarded_collector
     collector = psutil.Process(proc.pid)
@@ -200,6 +200,6 @@ def test_a_flood_of_unauthenticated_bodies_is_never_read(
         watching.set()
         watcher.join()
     assert ingest(url, token, seq=4, host="h1").status_code == 200
-    assert "h1" in host_names(sqlite_url)
+    assert "h1" in host_names(db_url)
     print(f"collector RSS: {peak_rss[0] / MIB:.0f} MiB at start, {max(peak_rss) / MIB:.0f} MiB at most")
     assert max(peak_rss) <= RSS_CEILING_BYTES, f"collector RSS peaked at {max(peak_rss) / MIB:.0f} MiB"

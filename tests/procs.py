@@ -3,14 +3,18 @@ conditions, and promtool's verdict on a /metrics text."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -72,3 +76,39 @@ def cli_outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[in
     out = capsys.readouterr()
     assert "Traceback" not in out.err
     return code, out.out, out.err
+
+
+@contextmanager
+def collector_process(db_url: str, tmp_path: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real ``wattwatch collector`` on ``db_url`` (open to loopback), logging to ``tmp_path``; yields its
+    URL once it is ready, and its process; stopped with SIGTERM (killed if that takes over 30 s)."""
+    port = free_port()
+    log = tmp_path / "collector.log"
+    env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "chome")}
+    proc = subprocess.Popen(
+        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--open", *extra],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"collector exited early:\n{log.read_text()}")
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(ready, 60, "the collector to be ready")
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

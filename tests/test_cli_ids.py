@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from procs import WATTWATCH, cli_outcome, free_port, wait_for
+from procs import cli_outcome, collector_process, free_port
 from wattwatch.protocol import wire
 from wattwatch.storage import repository
 
@@ -99,31 +97,8 @@ def test_a_full_id_wins_and_an_unknown_reference_exits_2(jobs_db: str, capsys: p
 @contextmanager
 def running_collector(db_url: str, tmp_path: Path) -> Iterator[str]:
     """A real collector process on ``db_url``; yields its base URL."""
-    port = free_port()
-    log = tmp_path / "collector.log"
-    env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "chome")}
-    proc = subprocess.Popen(
-        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--open"],
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"collector exited early:\n{log.read_text()}")
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(ready, 60, "the collector to be ready")
+    with collector_process(db_url, tmp_path) as (url, _proc):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -6,14 +6,10 @@ where the answer is the process's (HTTP refusals, shutdown)."""
 from __future__ import annotations
 
 import math
-import os
 import random
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +18,7 @@ import msgspec
 import pytest
 from sqlalchemy import Engine, func, select
 
-from procs import WATTWATCH, free_port, wait_for
+from procs import collector_process
 from wattwatch.accounting.spans import split_job_energy
 from wattwatch.collector.span_scheduler import FINAL_PASS_BUDGET_S, PASS_BUDGET_S, SpanEnergyScheduler
 from wattwatch.protocol import limits, wire
@@ -33,37 +29,6 @@ from wattwatch.storage.tables import job_ticks, queries, span_dirty
 
 DAY_S = 86400.0
 T0 = 1_700_000_000.0
-
-
-@contextmanager
-def collector_process(db_url: str, tmp_path: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A real ``wattwatch collector`` on ``db_url`` (open to loopback); yields its URL and process."""
-    port = free_port()
-    log = tmp_path / "collector.log"
-    env = {**os.environ, "WATTWATCH_HOME": str(tmp_path / "chome")}
-    proc = subprocess.Popen(
-        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--open", *extra],
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"collector exited early:\n{log.read_text()}")
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(ready, 60, "the collector to be ready")
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
 
 
 # --- the maximum, where spans enter --------------------------------------------------------------------

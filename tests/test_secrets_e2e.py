@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from procs import WATTWATCH, free_port, wait_for
-from test_auth_e2e import _answers, env_for, run, stop
+from test_auth_e2e import env_for, run, stop
+from test_front_door_e2e import start_collector
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -48,18 +49,8 @@ def test_no_planted_secret_is_ever_printed(pg_url: str, tmp_path: Path) -> None:
     outputs["token create, database down"] = r.stdout + r.stderr
     assert r.returncode != 0 and "***" in outputs["token create, database down"], r.stderr
 
-    port = free_port()
-    collector = subprocess.Popen(
-        [*WATTWATCH, "collector", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--token", PLANTED[3]],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz", collector), 30.0, "the collector to listen")
-    finally:
-        out, err = stop(collector)
+    collector, _url = start_collector(db_url, home, "--token", PLANTED[3])
+    out, err = stop(collector)
     outputs["collector"] = out + err
     assert "database postgresql" in outputs["collector"] and "***" in outputs["collector"], outputs["collector"]
 

@@ -6,6 +6,7 @@ under 60 MB."""
 from __future__ import annotations
 
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -61,15 +62,22 @@ MAX_AGENT_RSS_MB = 60.0
 
 def test_the_agent_uses_at_most_a_quarter_more_cpu_than_codecarbon_and_under_60_mb() -> None:
     # The script's defaults are the target's configuration (8 GPUs, 1 s tick, a push every 5 s); a 20 s
-    # window after the default 5 s warm-up (start-up and the first push) holds four pushes.
+    # window after the default 5 s warm-up (start-up and the first push) holds four pushes. One window's
+    # ratio moves by about +-10 % on a shared machine (one measured 1.27x where the same code measures
+    # 1.13x alone): the claim is checked on the median of three windows, each measured afresh.
     args = ["--duration", "20", "--warmup", "5"]
-    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
-    rows = table_rows(out.stdout)
-    agent = next(v for k, v in rows.items() if k.startswith("wattwatch agent (--simulate 8, 1 s tick, pushing"))
-    codecarbon = next(v for k, v in rows.items() if k.startswith("CodeCarbon OfflineEmissionsTracker (8 simulated"))
-    assert "CodeCarbon measured 8 GPUs" in out.stdout and "collector stored 0 batches" not in out.stdout
-    agent_cpu, codecarbon_cpu = float(agent[0]), float(codecarbon[0])
-    print(f"\nagent {agent_cpu:.3f} of a core, CodeCarbon {codecarbon_cpu:.3f}: {agent[2]}; agent RSS {agent[1]} MB")
-    assert codecarbon_cpu > 0 and agent_cpu <= MAX_CPU_RATIO_TO_CODECARBON * codecarbon_cpu, (agent, codecarbon)
-    assert float(agent[1]) < MAX_AGENT_RSS_MB, agent
+    ratios, rss_mb = [], []
+    for _ in range(3):
+        out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stderr
+        rows = table_rows(out.stdout)
+        agent = next(v for k, v in rows.items() if k.startswith("wattwatch agent (--simulate 8, 1 s tick, pushing"))
+        codecarbon = next(v for k, v in rows.items() if k.startswith("CodeCarbon OfflineEmissionsTracker (8 simulated"))
+        assert "CodeCarbon measured 8 GPUs" in out.stdout and "collector stored 0 batches" not in out.stdout
+        agent_cpu, codecarbon_cpu = float(agent[0]), float(codecarbon[0])
+        assert codecarbon_cpu > 0, codecarbon
+        ratios.append(agent_cpu / codecarbon_cpu)
+        rss_mb.append(float(agent[1]))
+    print(f"\nagent CPU / CodeCarbon's: {', '.join(f'{r:.2f}x' for r in ratios)}; agent RSS {max(rss_mb)} MB")
+    assert statistics.median(ratios) <= MAX_CPU_RATIO_TO_CODECARBON, ratios
+    assert max(rss_mb) < MAX_AGENT_RSS_MB, rss_mb
